@@ -1,0 +1,145 @@
+"""Tiny, deterministic training runs on the oracle and on an implementation under test.
+
+A ``LoopScenario`` fixes everything a run depends on (model size, data, K, epochs, resume point,
+precision, an injected gradient overflow). ``run_oracle`` drives ``course.minimind``'s upstream-faithful
+``train_epoch``; ``run_impl`` drives an implementation's ``train_one_epoch`` on identical inputs, so
+the two results can be compared record by record and parameter by parameter.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from course.minimind import MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS, setup_seed
+from course.minimind.train_pretrain import train_epoch as oracle_train_epoch
+
+
+@dataclass(frozen=True)
+class LoopScenario:
+    name: str
+    use_moe: bool = False
+    accumulation_steps: int = 4
+    epochs: int = 2
+    iters: int = 6                  # micro-batches per epoch
+    batch_size: int = 2
+    max_length: int = 32
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    start_epoch: int = 0
+    start_step: int = 0             # micro-steps of start_epoch already done (resume)
+    base_lr: float = 5e-4
+    grad_clip: float = 1.0
+    autocast_dtype: Optional[str] = None    # "bfloat16" or "float16"
+    scaler_enabled: bool = False
+    overflow_at_backward: Optional[int] = None  # 1-based backward call that gets an inf gradient
+    device: str = "cpu"
+
+    def with_(self, **changes) -> "LoopScenario":
+        return replace(self, **changes)
+
+
+@dataclass
+class RunResult:
+    records: list[dict]
+    params: dict[str, torch.Tensor]
+    optimizer_state: dict[str, dict[str, torch.Tensor]]
+    scale: Optional[float]
+
+
+def tiny_model(scenario: LoopScenario) -> MiniMindForCausalLM:
+    setup_seed(42)
+    config = MiniMindConfig(hidden_size=scenario.hidden_size, num_hidden_layers=scenario.num_hidden_layers,
+                            use_moe=scenario.use_moe)
+    return MiniMindForCausalLM(config).to(scenario.device)
+
+
+@functools.lru_cache(maxsize=8)
+def tiny_batches(batch_size: int, max_length: int, count: int, seed: int) -> tuple:
+    """``count`` micro-batches drawn in a fixed shuffled order from the built-in corpus."""
+    dataset = PretrainDataset(TINY_CORPUS, max_length=max_length)
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    needed = count * batch_size
+    order = (order * (needed // len(order) + 1))[:needed]
+    batches = []
+    for b in range(count):
+        items = [dataset[i] for i in order[b * batch_size:(b + 1) * batch_size]]
+        batches.append((torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])))
+    return tuple(batches)
+
+
+def epoch_batches(scenario: LoopScenario, epoch: int) -> list:
+    batches = tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42 + epoch)
+    skip = scenario.start_step if epoch == scenario.start_epoch else 0
+    return list(batches[skip:])
+
+
+def _training_objects(scenario: LoopScenario):
+    model = tiny_model(scenario)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=scenario.base_lr)
+    device_type = torch.device(scenario.device).type
+    scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled)
+    autocast_ctx = (torch.autocast(device_type, dtype=getattr(torch, scenario.autocast_dtype))
+                    if scenario.autocast_dtype else nullcontext())
+    if scenario.overflow_at_backward is not None:
+        calls = {"n": 0}
+
+        def inject_overflow(grad):
+            calls["n"] += 1
+            return grad + float("inf") if calls["n"] == scenario.overflow_at_backward else grad
+        model.model.norm.weight.register_hook(inject_overflow)
+    return model, optimizer, scaler, autocast_ctx
+
+
+def _result(model, optimizer, scaler, records) -> RunResult:
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt_state = {names[id(p)]: {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                                for k, v in st.items()}
+                 for p, st in optimizer.state.items()}
+    params = {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+    return RunResult(records, params, opt_state, scaler.get_scale() if scaler.is_enabled() else None)
+
+
+def _plain(value):
+    return float(value) if torch.is_tensor(value) else value
+
+
+@functools.lru_cache(maxsize=32)
+def run_oracle(scenario: LoopScenario) -> RunResult:
+    model, optimizer, scaler, autocast_ctx = _training_objects(scenario)
+    args = SimpleNamespace(device=scenario.device, epochs=scenario.epochs, learning_rate=scenario.base_lr,
+                           accumulation_steps=scenario.accumulation_steps, grad_clip=scenario.grad_clip,
+                           log_interval=10 ** 9, save_interval=10 ** 9)
+    records = []
+    for epoch in range(scenario.start_epoch, scenario.epochs):
+        trace = []
+        start = scenario.start_step if epoch == scenario.start_epoch else 0
+        # Upstream logs at step == iters; silence it here, tests compare the trace instead.
+        with contextlib.redirect_stdout(io.StringIO()):
+            oracle_train_epoch(epoch, epoch_batches(scenario, epoch), scenario.iters, start, model=model,
+                               optimizer=optimizer, scaler=scaler, autocast_ctx=autocast_ctx, args=args,
+                               trace=trace)
+        records += [dict({k: _plain(v) for k, v in r.items()}, epoch=epoch) for r in trace]
+    return _result(model, optimizer, scaler, records)
+
+
+def run_impl(train_one_epoch, scenario: LoopScenario) -> RunResult:
+    model, optimizer, scaler, autocast_ctx = _training_objects(scenario)
+    records = []
+    for epoch in range(scenario.start_epoch, scenario.epochs):
+        start = scenario.start_step if epoch == scenario.start_epoch else 0
+        out = train_one_epoch(model, epoch_batches(scenario, epoch), optimizer, device=scenario.device,
+                              epoch=epoch, epochs=scenario.epochs, iters=scenario.iters,
+                              base_lr=scenario.base_lr, accumulation_steps=scenario.accumulation_steps,
+                              grad_clip=scenario.grad_clip, scaler=scaler, autocast_ctx=autocast_ctx,
+                              start_step=start)
+        if not isinstance(out, list):
+            raise TypeError(f"train_one_epoch must return a list of dicts, got {type(out).__name__}")
+        records += [dict(r, epoch=epoch) for r in out]
+    return _result(model, optimizer, scaler, records)

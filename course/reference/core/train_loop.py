@@ -1,0 +1,117 @@
+"""Reference solutions for lesson 14 (``impl/core/train_loop.py`` is the student's copy).
+
+Each function matches the oracle in ``course/minimind`` bitwise on CPU fp32; the differences from
+upstream are argument checks (a clear ``ValueError`` instead of a silent wrong answer) and the
+per-micro-step records that ``train_one_epoch`` returns.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+
+
+def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
+    """MiniMind's schedule (``get_lr``): ``base_lr * (0.1 + 0.45 * (1 + cos(pi * s / T)))``."""
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be > 0, got {total_steps}")
+    if not 0 <= current_step <= total_steps:
+        raise ValueError(f"current_step must be in [0, total_steps={total_steps}], got {current_step}")
+    return base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))
+
+
+def scale_loss_for_accumulation(loss: torch.Tensor, accumulation_steps: int) -> torch.Tensor:
+    """Divide by K so that K accumulated backward passes give the mean micro-batch gradient."""
+    if accumulation_steps <= 0:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    return loss / accumulation_steps
+
+
+def should_step_optimizer(step: int, accumulation_steps: int) -> bool:
+    """True at the end of each accumulation window; ``step`` is the 1-based micro-step."""
+    if accumulation_steps <= 0:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    if step <= 0:
+        raise ValueError(f"step must be >= 1 (micro-steps are 1-based), got {step}")
+    return step % accumulation_steps == 0
+
+
+def should_flush_tail(last_step: int, start_step: int, accumulation_steps: int) -> bool:
+    """True when the epoch ran at least one micro-step and ended inside a window."""
+    if accumulation_steps <= 0:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    if last_step < start_step:
+        raise ValueError(f"last_step must be >= start_step={start_step}, got {last_step}")
+    return last_step > start_step and last_step % accumulation_steps != 0
+
+
+def _optimizer_update(model, optimizer, scaler, grad_clip):
+    """unscale -> clip -> step -> update -> zero_grad; returns the pre-clip gradient norm."""
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, base_lr,
+                    accumulation_steps, grad_clip, scaler=None, autocast_ctx=None,
+                    start_step=0) -> list[dict]:
+    """One epoch of MiniMind's pretrain loop without logging, saving or DDP.
+
+    Returns one record per micro-step: ``step``, ``lr``, ``loss`` (unscaled, aux included),
+    ``aux_loss``, ``optimizer_step``, ``grad_norm`` (pre-clip, or None) and ``tail_flush``.
+    """
+    if accumulation_steps <= 0:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    if iters <= 0 or epochs <= 0:
+        raise ValueError(f"iters and epochs must be >= 1, got iters={iters}, epochs={epochs}")
+    if not 0 <= epoch < epochs:
+        raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")
+    if not 0 <= start_step <= iters:
+        raise ValueError(f"start_step must be in [0, iters={iters}], got {start_step}")
+    if scaler is None:
+        scaler = torch.amp.GradScaler(torch.device(device).type, enabled=False)
+    if autocast_ctx is None:
+        autocast_ctx = nullcontext()
+
+    steps, lrs, losses, aux_losses, grad_norms = [], [], [], [], {}
+    last_step = start_step
+    for step, (input_ids, labels) in enumerate(loader, start=start_step + 1):
+        input_ids, labels = input_ids.to(device), labels.to(device)
+        last_step = step
+        lr = cosine_lr(epoch * iters + step, epochs * iters, base_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        with autocast_ctx:
+            out = model(input_ids, labels=labels)
+            loss = out.loss + out.aux_loss
+            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)
+        scaler.scale(scaled_loss).backward()
+        if should_step_optimizer(step, accumulation_steps):
+            grad_norms[step] = _optimizer_update(model, optimizer, scaler, grad_clip)
+        steps.append(step)
+        lrs.append(lr)
+        losses.append(loss.detach())
+        aux_losses.append(out.aux_loss.detach())
+
+    tail_step = None
+    if should_flush_tail(last_step, start_step, accumulation_steps):
+        tail_step = last_step
+        grad_norms[tail_step] = _optimizer_update(model, optimizer, scaler, grad_clip)
+
+    if not steps:
+        return []
+    # One device-to-host copy for the whole epoch instead of one sync per micro-step.
+    loss_values = torch.stack(losses).float().tolist()
+    aux_values = torch.stack(aux_losses).float().tolist()
+    norm_values = dict(zip(grad_norms, torch.stack(list(grad_norms.values())).float().tolist())) \
+        if grad_norms else {}
+    return [{"step": s, "lr": lr, "loss": loss_v, "aux_loss": aux_v,
+             "optimizer_step": s in norm_values, "grad_norm": norm_values.get(s),
+             "tail_flush": s == tail_step}
+            for s, lr, loss_v, aux_v in zip(steps, lrs, loss_values, aux_values)]

@@ -1,0 +1,64 @@
+"""Lesson 14 exercises: learning rate, gradient accumulation, mixed precision, clipping.
+
+Read course/lessons/14_lr_grad_accum_amp.md (Chinese: course/lessons/zh/14_lr_grad_accum_amp.md),
+replace each ``raise NotImplementedError`` with your code, then run ``python -m course check 14``.
+"""
+from __future__ import annotations
+
+import math  # noqa: F401 - you will need it
+from contextlib import nullcontext  # noqa: F401 - for autocast_ctx=None
+
+import torch
+
+
+def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
+    """TODO (lesson 14 §5.1): MiniMind's cosine schedule, from base_lr down to 0.1 * base_lr.
+
+    Aligns with ``course/minimind/trainer_utils.py::get_lr`` (upstream ``trainer/trainer_utils.py``).
+    Raise ``ValueError`` naming the argument when ``total_steps <= 0`` or ``current_step`` is
+    outside ``[0, total_steps]``.
+    """
+    raise NotImplementedError("cosine_lr: TODO - see lesson 14 §5.1 (aligns with get_lr)")
+
+
+def scale_loss_for_accumulation(loss: torch.Tensor, accumulation_steps: int) -> torch.Tensor:
+    """TODO (lesson 14 §5.2): the loss each micro-step backpropagates, L / K.
+
+    Aligns with the ``loss / args.accumulation_steps`` line of ``course/minimind/train_pretrain.py::train_epoch``.
+    Raise ``ValueError`` naming ``accumulation_steps`` when it is <= 0.
+    """
+    raise NotImplementedError("scale_loss_for_accumulation: TODO - see lesson 14 §5.2")
+
+
+def should_step_optimizer(step: int, accumulation_steps: int) -> bool:
+    """TODO (lesson 14 §5.3): True when 1-based micro-step ``step`` closes an accumulation window.
+
+    Aligns with ``if step % args.accumulation_steps == 0`` in ``train_epoch``.
+    Raise ``ValueError`` naming the argument when ``accumulation_steps <= 0`` or ``step <= 0``.
+    """
+    raise NotImplementedError("should_step_optimizer: TODO - see lesson 14 §5.3")
+
+
+def should_flush_tail(last_step: int, start_step: int, accumulation_steps: int) -> bool:
+    """TODO (lesson 14 §5.4): True when the epoch ran micro-steps and ended inside a window.
+
+    Aligns with the tail-flush condition after the loop in ``train_epoch``.
+    Raise ``ValueError`` naming the argument when ``accumulation_steps <= 0``, ``start_step < 0``
+    or ``last_step < start_step``.
+    """
+    raise NotImplementedError("should_flush_tail: TODO - see lesson 14 §5.4")
+
+
+def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, base_lr,
+                    accumulation_steps, grad_clip, scaler=None, autocast_ctx=None,
+                    start_step=0) -> list[dict]:
+    """TODO (lesson 14 §5.5): one epoch of MiniMind's pretrain loop, without logging/saving/DDP.
+
+    Aligns with ``course/minimind/train_pretrain.py::train_epoch``. Use the four functions above.
+    Return one dict per micro-step with ``step``, ``lr``, ``loss`` (unscaled, aux included),
+    ``aux_loss``, ``optimizer_step`` (bool), ``grad_norm`` (pre-clip norm where the optimizer
+    stepped, else None) and ``tail_flush`` (True on the micro-step whose window the tail flush
+    closed). ``scaler=None`` means a disabled ``torch.amp.GradScaler``; ``autocast_ctx=None``
+    means ``nullcontext()``. Raise ``ValueError`` naming ``accumulation_steps`` when it is <= 0.
+    """
+    raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")
