@@ -95,7 +95,7 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
         if should_step_optimizer(step, accumulation_steps):
             grad_norms[step] = _optimizer_update(model, optimizer, scaler, grad_clip)
         steps.append(step)
-        lrs.append(lr)
+        lrs.append(optimizer.param_groups[-1]["lr"])  # what the optimizer really holds, as upstream logs it
         losses.append(loss.detach())
         aux_losses.append(out.aux_loss.detach())
 
