@@ -1,0 +1,80 @@
+"""Every command in the README and the lessons runs, with the exit code the text promises.
+
+Convention for authors: each non-empty line of a ```bash block is one command, run from the repo
+root with ``bash -c``. A line may end with ``# expect exit N`` (e.g. a check on untouched stubs
+exits 1); otherwise it must exit 0. The install and test commands are what CI itself runs, so
+here they are checked to appear verbatim in .ci/run instead of being run recursively.
+Each Chinese lesson must carry exactly the commands of its English twin.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ROOT / "course" / "lessons"
+RUN_BY_CI = {"pip install -r requirements.txt": "python3 -m pip install",
+             "python -m pytest": "python3 -m pytest"}
+EXPECT = re.compile(r"\s+#\s*expect exit (\d+)\s*$")
+
+
+def doc_files() -> list[Path]:
+    return [ROOT / "README.md"] + sorted(LESSONS.glob("*.md")) + sorted((LESSONS / "zh").glob("*.md"))
+
+
+def commands_in(path: Path) -> list[str]:
+    commands, inside = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip().startswith("```"):
+            inside = line.strip() == "```bash" if not inside else False
+            continue
+        if inside and line.strip() and not line.strip().startswith("#"):
+            commands.append(line.strip())
+    return commands
+
+
+def all_commands() -> list[tuple[str, str]]:
+    seen, out = set(), []
+    for path in doc_files():
+        for command in commands_in(path):
+            if command not in seen:
+                seen.add(command)
+                out.append((path.relative_to(ROOT).as_posix(), command))
+    return out
+
+
+def test_docs_have_commands():
+    assert (ROOT / "README.md").is_file(), "README.md is missing"
+    assert len(all_commands()) >= 4, f"expected the README quickstart commands, found {all_commands()}"
+
+
+@pytest.mark.parametrize("english", sorted(LESSONS.glob("*.md")), ids=lambda p: p.name)
+def test_chinese_twin_has_the_same_commands(english):
+    twin = LESSONS / "zh" / english.name
+    assert twin.is_file(), f"{english.name} has no Chinese twin at {twin.relative_to(ROOT)}"
+    assert commands_in(twin) == commands_in(english), (
+        f"commands differ\n  ACTUAL (zh): {commands_in(twin)}\n  EXPECTED (en): {commands_in(english)}")
+
+
+@pytest.mark.parametrize("source,command", all_commands(), ids=lambda v: v if len(v) < 70 else v[:67] + "...")
+def test_command_runs(source, command):
+    match = EXPECT.search(command)
+    expected_rc = int(match.group(1)) if match else 0
+    command = EXPECT.sub("", command)
+    if command in RUN_BY_CI:
+        ci = (ROOT / ".ci" / "run").read_text()
+        assert RUN_BY_CI[command] in ci, f"{source}: {command!r} should be what .ci/run runs; .ci/run:\n{ci}"
+        return
+    env = dict(os.environ, MPLBACKEND="Agg")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    output = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == expected_rc, (
+        f"{source}: `{command}`\n  ACTUAL exit:   {proc.returncode}\n  EXPECTED exit: {expected_rc}\n{output}")
+    assert "Warning" not in proc.stderr, f"{source}: `{command}` printed a warning:\n{proc.stderr[-2000:]}"
