@@ -1,0 +1,57 @@
+"""``python -m course check``: the table, exit codes, --json and grading a submission directory."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from course.checks.framework import STUDENT_DIR
+from course.checks.mistakes import MISTAKES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def course_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "course", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_untouched_stubs_report_todo_and_exit_1():
+    proc = course_cli("check", "14")
+    assert proc.returncode == 1, f"ACTUAL exit {proc.returncode}, EXPECTED 1\n{proc.stdout}{proc.stderr}"
+    for name in ("cosine_lr", "scale_loss_for_accumulation", "should_step_optimizer", "should_flush_tail",
+                 "train_one_epoch"):
+        line = next((ln for ln in proc.stdout.splitlines() if ln.strip().startswith(name)), "")
+        assert "TODO" in line and "§5." in line, f"row for {name}: {line!r}\n{proc.stdout}"
+    assert "total: 0/5 passed, 0 failed, 5 TODO" in proc.stdout, proc.stdout
+
+
+def test_reference_passes_and_json_is_machine_readable():
+    proc = course_cli("check", "14", "--impl", "reference", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["passed"], report["total"]) == (5, 5), report
+    assert {e["status"] for e in report["exercises"]} == {"PASS"}
+
+
+def test_impl_dir_grades_a_submission_with_a_mistake(tmp_path):
+    """A submission directory laid out like impl/ whose train_loop.py has the (step+1) % K bug."""
+    mistake = next(m for m in MISTAKES if m.name == "off_by_one_step")
+    submission = tmp_path / "alice"
+    shutil.copytree(STUDENT_DIR, submission)
+    (submission / "core" / "train_loop.py").write_text(mistake.source(), encoding="utf-8")
+    proc = course_cli("check", "14", "--impl-dir", str(submission), "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    statuses = {e["exercise"]: e["status"] for e in json.loads(proc.stdout)["exercises"]}
+    assert statuses["should_step_optimizer"] == "FAIL" and statuses["cosine_lr"] == "PASS", statuses
+    table = course_cli("check", "14", "--impl-dir", str(submission)).stdout
+    assert "ACTUAL:   [3, 7]" in table and "EXPECTED: [4, 8]" in table, table
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    proc = course_cli("check", "14", "--impl-dir", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "--impl-dir" in proc.stderr, proc.stderr
+    proc = course_cli("check", "99")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr, proc.stderr

@@ -1,0 +1,179 @@
+"""The oracle itself: model naming and semantics, tokenizer, dataset, get_lr, and the reference
+solution matching the oracle loop BITWISE on CPU fp32 (and under bf16 autocast / GradScaler, where
+both run the very same ops in the same order)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course.checks.framework import expect_close, expect_equal, load_module, REFERENCE_DIR
+from course.checks.lesson14 import AMP_SCENARIOS, FP32_SCENARIOS
+from course.checks.tiny_runs import run_impl, run_oracle
+from course.minimind import (ByteTokenizer, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS,
+                             get_lr, read_jsonl_texts, setup_seed)
+
+TINY = dict(hidden_size=64, num_hidden_layers=2)
+
+
+def upstream_names(layers: int, moe: bool) -> dict[str, tuple]:
+    """Parameter names and shapes of upstream MiniMind (hidden 64, 8 heads, 4 kv heads, head_dim 8)."""
+    names = {"model.embed_tokens.weight": (6400, 64), "model.norm.weight": (64,), "lm_head.weight": (6400, 64)}
+    ffn = {"gate_proj.weight": (256, 64), "up_proj.weight": (256, 64), "down_proj.weight": (64, 256)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        names.update({p + "self_attn.q_proj.weight": (64, 64), p + "self_attn.k_proj.weight": (32, 64),
+                      p + "self_attn.v_proj.weight": (32, 64), p + "self_attn.o_proj.weight": (64, 64),
+                      p + "self_attn.q_norm.weight": (8,), p + "self_attn.k_norm.weight": (8,),
+                      p + "input_layernorm.weight": (64,), p + "post_attention_layernorm.weight": (64,)})
+        if moe:
+            names[p + "mlp.gate.weight"] = (4, 64)
+            for j in range(4):
+                names.update({f"{p}mlp.experts.{j}.{k}": v for k, v in ffn.items()})
+        else:
+            names.update({f"{p}mlp.{k}": v for k, v in ffn.items()})
+    return names
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_state_dict_names_and_shapes_follow_upstream(moe):
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY, use_moe=moe))
+    actual = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expect_equal("state_dict keys and shapes", actual, upstream_names(2, moe))
+    # strict=True loading of an upstream-shaped state dict (what a real checkpoint looks like)
+    fresh = MiniMindForCausalLM(MiniMindConfig(**TINY, use_moe=moe))
+    fresh.load_state_dict({k: torch.zeros(s) for k, s in upstream_names(2, moe).items()}, strict=True)
+    assert fresh.lm_head.weight.data_ptr() == fresh.model.embed_tokens.weight.data_ptr(), "lm_head must stay tied"
+
+
+def test_default_config_matches_upstream_size():
+    config = MiniMindConfig()
+    expect_equal("intermediate_size for hidden 768", config.intermediate_size, 2432)
+    expect_equal("intermediate_size for hidden 64", MiniMindConfig(**TINY).intermediate_size, 256)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in MiniMindForCausalLM(config).parameters())
+    expect_close("dense default parameter count (upstream: about 63.9M)", params / 1e6, 63.9, rtol=0, atol=0.05)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        MiniMindConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=3)
+    with pytest.raises(ValueError, match="hidden_size"):
+        MiniMindConfig(hidden_size=0)
+
+
+def test_init_is_normal_002_and_norms_are_one():
+    setup_seed(0)
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=256, num_hidden_layers=2))
+    std = model.model.layers[0].mlp.gate_proj.weight.std().item()
+    expect_close("std of a Linear weight at init", std, 0.02, rtol=0.05)
+    assert torch.all(model.model.norm.weight == 1), "RMSNorm weights must start at 1"
+
+
+def test_loss_is_mean_over_valid_shifted_targets():
+    setup_seed(0)
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY))
+    input_ids = torch.randint(3, 200, (2, 10))
+    labels = input_ids.clone()
+    labels[0, 6:] = -100
+    labels[1, :3] = -100
+    out = model(input_ids, labels=labels)
+    logp = F.log_softmax(out.logits.double(), dim=-1)[:, :-1]
+    targets = labels[:, 1:]
+    valid = targets != -100
+    nll = -logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    expected = (nll * valid).sum() / valid.sum()
+    expect_close("loss vs hand-computed masked mean NLL", out.loss.item(), expected.item(), rtol=1e-5)
+    expect_equal("logits shape", tuple(out.logits.shape), (2, 10, 6400))
+
+
+def test_attention_is_causal():
+    setup_seed(0)
+    model = MiniMindForCausalLM(MiniMindConfig(**TINY)).eval()
+    ids = torch.randint(3, 200, (1, 12))
+    changed = ids.clone()
+    changed[0, 8] = 5
+    a, b = model(ids).logits, model(changed).logits
+    assert torch.equal(a[0, :8], b[0, :8]), "logits before position 8 changed when token 8 changed"
+    assert not torch.equal(a[0, 8:], b[0, 8:]), "logits from position 8 on should depend on token 8"
+
+
+def test_aux_loss_is_zero_for_dense_and_positive_for_moe_training():
+    ids = torch.randint(3, 200, (2, 16))
+    dense = MiniMindForCausalLM(MiniMindConfig(**TINY))(ids)
+    moe_model = MiniMindForCausalLM(MiniMindConfig(**TINY, use_moe=True))
+    expect_equal("dense aux_loss", dense.aux_loss.item(), 0.0)
+    aux = moe_model(ids).aux_loss.item()
+    assert 0 < aux < 1e-2, f"MoE aux_loss in training should be small and positive, got {aux}"
+    expect_equal("MoE aux_loss in eval mode", moe_model.eval()(ids).aux_loss.item(), 0.0)
+
+
+def test_tokenizer_special_ids_and_round_trip():
+    tok = ByteTokenizer()
+    expect_equal("(pad, bos, eos)", (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id), (0, 1, 2))
+    text = "Gradient accumulation 梯度累积 ✓"
+    ids = tok.encode(text)
+    assert min(ids) >= 3 and max(ids) < tok.vocab_size, f"ids outside [3, {tok.vocab_size}): {ids}"
+    expect_equal("decode(encode(text))", tok.decode(ids), text)
+    expect_equal("truncation to max_length", len(tok(text, max_length=5, truncation=True).input_ids), 5)
+
+
+def test_dataset_wraps_pads_and_masks_like_upstream():
+    texts = read_jsonl_texts(TINY_CORPUS)
+    dataset = PretrainDataset(TINY_CORPUS, max_length=64)
+    short = min(range(len(texts)), key=lambda i: len(texts[i].encode()))
+    input_ids, labels = dataset[short]
+    n = len(texts[short].encode("utf-8"))
+    expect_equal("first id (bos)", int(input_ids[0]), 1)
+    expect_equal("id after the text (eos)", int(input_ids[n + 1]), 2)
+    expect_equal("pad ids after eos", input_ids[n + 2:].unique().tolist(), [0])
+    expect_equal("labels at pad positions", labels[n + 2:].unique().tolist(), [-100])
+    expect_equal("labels elsewhere equal input_ids", labels[:n + 2].tolist(), input_ids[:n + 2].tolist())
+    longest = max(range(len(texts)), key=lambda i: len(texts[i].encode()))
+    long_ids, _ = dataset[longest]
+    expect_equal("a long text is cut to max_length - 2 tokens plus bos/eos",
+                 (len(long_ids), int(long_ids[0]), int(long_ids[-1])), (64, 1, 2))
+
+
+def test_corpus_has_both_languages():
+    texts = read_jsonl_texts(TINY_CORPUS)
+    chinese = sum(any("\u4e00" <= ch <= "\u9fff" for ch in t) for t in texts)
+    assert len(texts) >= 100 and 0.3 < chinese / len(texts) < 0.7, (len(texts), chinese)
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"text": "ok"}) + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
+        PretrainDataset(path, max_length=16)
+    path.write_text(json.dumps({"txt": "wrong key"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: expected an object with a string \"text\""):
+        PretrainDataset(path, max_length=16)
+    with pytest.raises(ValueError, match="max_length"):
+        PretrainDataset(TINY_CORPUS, max_length=2)
+
+
+def test_get_lr_matches_upstream_reference_values():
+    """Values quoted from upstream's formula in the research notes (5 significant digits)."""
+    for step, total, ratio in [(0, 20, 1.0), (1, 20, 0.99446), (10, 20, 0.55), (20, 20, 0.1)]:
+        expect_close(f"get_lr({step}, {total}, 1.0)", get_lr(step, total, 1.0), ratio, rtol=1e-5)
+
+
+REFERENCE = load_module(REFERENCE_DIR / "core" / "train_loop.py", "oracle_test_reference")
+
+
+@pytest.mark.parametrize("scenario", FP32_SCENARIOS + AMP_SCENARIOS, ids=lambda s: s.name)
+def test_reference_matches_oracle_bitwise(scenario):
+    """Same ops in the same order: every record, parameter and AdamW tensor is bit-identical."""
+    ref, oracle = run_impl(REFERENCE.train_one_epoch, scenario), run_oracle(scenario)
+    strip = [{k: r[k] for k in oracle.records[0]} for r in ref.records]
+    expect_equal("records", strip, oracle.records)
+    expect_equal("GradScaler scale", ref.scale, oracle.scale)
+    for name, value in oracle.params.items():
+        assert torch.equal(ref.params[name], value), (
+            f"{name}: max |diff| = {(ref.params[name] - value).abs().max().item():.3e}, expected bitwise equality")
+    for name, state in oracle.optimizer_state.items():
+        for key, value in state.items():
+            assert torch.equal(ref.optimizer_state[name][key], value), f"AdamW {key} of {name} differs"
