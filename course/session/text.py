@@ -1,0 +1,66 @@
+"""Text micro-batches and the task step functions that plug into ``TrainingSession.train_step``.
+
+The loss mask is decided per sample (``PretrainDataset``: pad -> -100) and a batch only carries it
+position by position; its valid-token count is taken on the host when the batch is built, so the
+training loop never waits on the device to learn it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from course.minimind import IGNORE_INDEX
+from course.session_types import TrainingStepOutput
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    input_ids: torch.Tensor   # [batch, seq], host memory until the step function moves it
+    labels: torch.Tensor      # same shape; -100 where a target does not count
+    loss_units: int           # valid shifted targets, counted when the batch was built
+
+
+def collate(samples, count_loss_units) -> TextBatch:
+    """Stack ``(input_ids, labels)`` samples; ``count_loss_units`` is the lesson's exercise function."""
+    input_ids = torch.stack([x for x, _ in samples])
+    labels = torch.stack([y for _, y in samples])
+    return TextBatch(input_ids, labels, count_loss_units(labels))
+
+
+def token_nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum (not mean) of the model's shifted next-token NLL: the numerator of a token-weighted loss."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _to_model(model, batch: TextBatch):
+    device = next(model.parameters()).device
+    return batch.input_ids.to(device), batch.labels.to(device)
+
+
+def token_weighted_step(model, batch: TextBatch) -> TrainingStepOutput:
+    """Mean NLL over this micro-batch's valid tokens (+ MoE aux loss), with its token count.
+
+    The session reweights it by ``loss_units / normalization_units``, so the update's gradient is
+    the one of the whole global batch's token mean. A batch without valid tokens contributes 0.
+    """
+    input_ids, labels = _to_model(model, batch)
+    out = model(input_ids)
+    nll_sum = token_nll_sum(out.logits, labels)
+    loss = nll_sum / max(batch.loss_units, 1) + out.aux_loss
+    return TrainingStepOutput(loss=loss, gradient_units=batch.loss_units, loss_sum=nll_sum.detach(),
+                              loss_units=batch.loss_units)
+
+
+def naive_mean_step(model, batch: TextBatch) -> TrainingStepOutput:
+    """Lesson 14's objective as a step function: the micro-batch MEAN counts as one unit.
+
+    With ``normalization_units = K`` the session then backpropagates ``loss / K``: the mean of
+    micro-batch means, which is the bug this lesson fixes. Kept for the labs and the comparison.
+    """
+    input_ids, labels = _to_model(model, batch)
+    out = model(input_ids, labels=labels)
+    return TrainingStepOutput(loss=out.loss + out.aux_loss, gradient_units=1,
+                              loss_sum=token_nll_sum(out.logits, labels).detach(), loss_units=batch.loss_units)

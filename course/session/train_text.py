@@ -1,0 +1,107 @@
+"""A MiniMind-style pretrain script on the lesson-16 protocol.
+
+``--batch-size`` is the GLOBAL batch (samples per optimizer update) and ``--accum-steps`` the
+micro-steps per update, so the micro-batch is ``batch_size / accum_steps`` (design note §2). The
+script saves ``train_state.pt`` (``batch_size_semantics="global"``) and resumes from it or from a
+legacy state (``batch_size`` = micro-batch, ``step`` = micro-steps), at the last update boundary.
+
+    python -m course.session.train_text --batch-size 8 --accum-steps 4 --epochs 1
+    python -m course.session.train_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from course.minimind import TINY_CORPUS, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, setup_seed
+from course.reference.core.train_session import TrainingSession
+from course.session_types import TrainingRunState
+
+from .driver import (LossReadback, build_train_state, dataset_identity, load_train_state, restore_train_state, run_text_training,
+                     save_train_state)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=8, help="GLOBAL batch: samples per optimizer update")
+    parser.add_argument("--accum-steps", type=int, default=4, help="micro-steps per update")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many UPDATES (0 = no limit)")
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--grad-clip", type=float, default=1.0)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="bfloat16 = CPU autocast (no GradScaler needed)")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-hidden-layers", type=int, default=2)
+    parser.add_argument("--max-seq-len", type=int, default=64)
+    parser.add_argument("--data-path", default=str(TINY_CORPUS))
+    parser.add_argument("--log-interval", type=int, default=5, help="log every N updates")
+    parser.add_argument("--save-interval", type=int, default=0, help="also save every N updates (0 = only at the end)")
+    parser.add_argument("--save-dir", default="out/lesson16")
+    parser.add_argument("--resume", default=None, help="a train_state.pt of this script, or a legacy state")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "accum_steps", "epochs", "log_interval"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.batch_size % args.accum_steps:
+        parser.error(f"--batch-size ({args.batch_size}) is the GLOBAL batch and must be divisible by "
+                     f"--accum-steps ({args.accum_steps})")
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    setup_seed(args.seed)
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
+    session = TrainingSession(model, optimizer, grad_accum_steps=args.accum_steps, autocast=autocast)
+    dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
+    identity = dataset_identity(dataset, Path(args.data_path).name)
+    run = TrainingRunState(dataset_identity=identity, seed=args.seed, base_lr=args.learning_rate)
+    if args.resume:
+        run, note = restore_train_state(load_train_state(args.resume), session, global_batch_size=args.batch_size,
+                                        accum_steps=args.accum_steps, sample_count=len(dataset), identity=identity)
+        print(f"resume: {note}")
+    micro = args.batch_size // args.accum_steps
+    print(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M; global batch {args.batch_size} = "
+          f"{args.accum_steps} micro-steps x {micro} samples; {len(dataset)} samples")
+
+    save_path = Path(args.save_dir) / "train_state.pt"
+    start_time = time.time()
+    progress = tqdm(total=args.max_steps or None, initial=run.global_step, unit="update", disable=args.no_progress)
+
+    def log(record):
+        minutes = (time.time() - start_time) / 60
+        tqdm.write(f"Epoch:[{record['epoch'] + 1}/{args.epochs}]({record['update_step']}/{record['updates_per_epoch']}), "
+                   f"loss: {record['loss']:.4f}, lr: {record['lr']:.8f}, tokens: {record['normalization_units']}, "
+                   f"epoch_time: {minutes:.1f}min")
+
+    def advance(record):
+        if progress.total is None:
+            progress.total = args.epochs * record["updates_per_epoch"]
+        progress.update(1)
+
+    records = run_text_training(session, dataset, run, global_batch_size=args.batch_size, accum_steps=args.accum_steps,
+                                epochs=args.epochs, grad_clip=args.grad_clip, max_steps=args.max_steps,
+                                save_interval=args.save_interval, save_fn=lambda s: save_train_state(s, save_path),
+                                log_interval=args.log_interval, log_fn=log, readback=LossReadback(),
+                                on_update=advance)
+    progress.close()
+    save_train_state(build_train_state(session, run, global_batch_size=args.batch_size, accum_steps=args.accum_steps),
+                     save_path)
+    print(f"saved {save_path} at update {run.global_step} (epoch {run.epoch}, update {run.update_step_in_epoch} "
+          f"in epoch, optimizer steps {session.optimizer_step})")
+    return records
+
+
+if __name__ == "__main__":
+    main()

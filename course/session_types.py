@@ -1,0 +1,114 @@
+"""The API types of lesson 16's single-step training protocol (not exercises).
+
+Both the student's ``impl/core/train_session.py`` and the reference import these, so a
+submission and the reference speak the same language to the run driver and to the checks.
+
+State split (design note §6):
+
+* ``TrainingSessionState`` - what the session owns: lr, optimizer steps, the micro-steps and loss
+  numerators of the update in progress, and whether that accumulation is still valid.
+* ``TrainingRunState`` - what the run driver owns: epoch, update step in the epoch, sample
+  position, dataset identity and the lr schedule recipe.
+* the serialized training state - a plain dict assembled from both (plus model / optimizer /
+  scaler ``state_dict``s) that carries ``batch_size_semantics = "global"``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+GLOBAL_SEMANTICS = "global"   # --batch-size is the batch of one optimizer update
+
+
+class AccumulationInvalidError(RuntimeError):
+    """A micro-step failed: the half-built update must not be reused until it is reset."""
+
+
+@dataclass
+class TrainingStepOutput:
+    """What a task's ``step_fn(model, batch)`` returns for one micro-batch.
+
+    ``loss`` is already normalized by ``gradient_units`` (e.g. NLL sum / valid tokens of this
+    micro-batch); the session rescales it by ``gradient_units / normalization_units``.
+    ``loss_sum`` (an un-normalized numerator on the device) and ``loss_units`` feed the loss
+    readback. A micro-batch without valid units returns ``gradient_units=0`` and a finite loss.
+    """
+
+    loss: torch.Tensor
+    gradient_units: int
+    loss_sum: Optional[torch.Tensor] = None
+    loss_units: int = 0
+
+
+@dataclass
+class TrainingStepOptions:
+    """Per micro-step instructions from the run driver.
+
+    ``normalization_units`` is the unit count of the WHOLE update (every micro-batch, every
+    rank), counted before the first micro-step. ``before_update`` returning True aborts the
+    update (gradients discarded, parameters untouched); ``after_update`` runs after the optimizer
+    step and before ``zero_grad``.
+    """
+
+    lr: Optional[float] = None
+    clip_grad_norm: float = 0.0
+    normalization_units: int = 0
+    force_update: bool = False
+    before_update: Optional[Callable[[], bool]] = None
+    after_update: Optional[Callable[[], None]] = None
+
+
+@dataclass
+class TrainingStepReport:
+    """What one ``train_step`` did.
+
+    On a micro-step that does not close an update: ``parameters_updated=False``,
+    ``loss_sum=None``, ``loss_units=0``. On the micro-step that closes it, ``loss_sum`` /
+    ``loss_units`` are the update's totals (``loss_sum`` still a device tensor: read it back
+    when convenient). ``overflow_skipped``: a GradScaler found inf/NaN and skipped the step.
+    """
+
+    parameters_updated: bool
+    optimizer_step: int
+    microsteps_accumulated: int
+    loss_sum: Optional[torch.Tensor] = None
+    loss_units: int = 0
+    grad_norm: Optional[torch.Tensor] = None
+    overflow_skipped: bool = False
+    aborted: bool = False
+
+    @property
+    def update_closed(self) -> bool:
+        """The update's data is consumed: it stepped, or the scaler skipped an overflow."""
+        return self.parameters_updated or self.overflow_skipped
+
+
+@dataclass
+class TrainingSessionState:
+    """The session's own state (design note §6, ``TrainingSessionState``)."""
+
+    lr: float
+    optimizer_step: int
+    microsteps_accumulated: int
+    loss_sum: Optional[torch.Tensor]
+    loss_units: int
+    accumulation_valid: bool
+
+
+@dataclass
+class TrainingRunState:
+    """The run driver's state: where in the data and in the schedule the run is.
+
+    ``update_step_in_epoch`` and ``global_step`` count optimizer UPDATES, never micro-steps.
+    """
+
+    epoch: int = 0
+    update_step_in_epoch: int = 0
+    global_step: int = 0
+    sample_position: int = 0
+    dataset_identity: str = ""
+    seed: int = 42
+    base_lr: float = 5e-4
+    total_steps: int = 0

@@ -1,0 +1,102 @@
+"""Lesson 16 exercises: token-weighted gradient accumulation and the single-step TrainingSession.
+
+Read course/lessons/16_token_weighted_training_session.md (Chinese:
+course/lessons/zh/16_token_weighted_training_session.md), replace each ``raise NotImplementedError``
+with your code, then run ``python -m course check 16``. The API types (``TrainingStepOutput``,
+``TrainingStepOptions``, ``TrainingStepReport``, ``TrainingSessionState``,
+``AccumulationInvalidError``) are given in ``course/session_types.py``.
+"""
+from __future__ import annotations
+
+import math  # noqa: F401 - you will need it
+from contextlib import nullcontext  # noqa: F401 - autocast=None and the DDP no_sync switch
+
+import torch  # noqa: F401
+
+from course.minimind import IGNORE_INDEX  # noqa: F401
+from course.session_types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
+                                  TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
+
+
+def count_loss_units(labels: torch.Tensor) -> int:
+    """TODO (lesson 16 §4.1): the number of targets the model's loss averages over, as a Python int.
+
+    Aligns with the shift in ``course/minimind/model.py::MiniMindForCausalLM.forward``
+    (``labels[:, 1:]``, ``ignore_index=-100``); works for ``[seq]`` and ``[batch, seq]``.
+    Raise ``ValueError`` naming ``labels`` for a 0-dim input or a non-integer dtype.
+    """
+    raise NotImplementedError("count_loss_units: TODO - see lesson 16 §4.1")
+
+
+def split_global_batch(samples, global_batch_size: int, grad_accum_steps: int) -> list[list]:
+    """TODO (lesson 16 §4.2): cut one global batch into micro-batches of global // accum samples.
+
+    Keep the order. A short final global batch is split over what remains (the last micro-batch
+    may be smaller). Raise ``ValueError`` naming the argument when ``global_batch_size`` or
+    ``grad_accum_steps`` is < 1, when ``global_batch_size % grad_accum_steps != 0`` (name
+    ``grad_accum_steps``), or when ``samples`` is empty or longer than ``global_batch_size``.
+    """
+    raise NotImplementedError("split_global_batch: TODO - see lesson 16 §4.2")
+
+
+def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
+    """TODO (lesson 16 §4.2): optimizer updates per epoch, ``ceil(sample_count / global_batch_size)``.
+
+    Raise ``ValueError`` naming the argument when ``sample_count < 0`` or ``global_batch_size < 1``.
+    """
+    raise NotImplementedError("steps_per_epoch: TODO - see lesson 16 §4.2")
+
+
+class TrainingSession:
+    """TODO (lesson 16 §4.3): one parameter update executed over ``grad_accum_steps`` calls.
+
+    Replaces the accumulation part of ``course/minimind/train_pretrain.py::train_epoch`` (``loss / K``,
+    ``step % K``, the tail flush). Public API the checks use:
+
+    * ``__init__(model, optimizer, *, grad_accum_steps, scaler=None, autocast=None)``:
+      ``ValueError`` naming ``grad_accum_steps`` if < 1, and naming ``optimizer`` if it holds a
+      tensor that is not one of ``model.parameters()``. ``scaler=None`` means a disabled
+      ``torch.amp.GradScaler`` for the model's device; ``autocast=None`` means ``nullcontext()``.
+    * attributes ``optimizer_step`` (updates done), ``microsteps_accumulated``, ``accumulation_valid``.
+    * ``train_step(batch, options, step_fn) -> TrainingStepReport``: ``ValueError`` naming
+      ``normalization_units`` if it is < 1 or changes inside an update; set ``options.lr`` if given;
+      run ``step_fn(model, batch)`` under autocast; backward ``loss * gradient_units /
+      normalization_units`` through the scaler; keep ``loss_sum`` on the device (no ``.item()``).
+      The update closes on ``force_update`` or at the K-th micro-step: ``before_update()`` True ->
+      discard the gradients, report ``aborted``; else unscale, clip if ``clip_grad_norm > 0``
+      (report the pre-clip norm), scaler step + update, ``after_update()`` (only if the step ran),
+      zero_grad; report ``overflow_skipped`` when the scaler skipped. If the model has ``no_sync``
+      (DDP), run the non-closing micro-steps inside it.
+    * any exception inside ``train_step`` makes every later call raise ``AccumulationInvalidError``
+      until ``reset_accumulation()`` (which drops the gradients).
+    * ``state() -> TrainingSessionState`` and ``load_state(state)`` (only at an update boundary).
+    """
+
+    def __init__(self, model, optimizer, *, grad_accum_steps: int, scaler=None, autocast=None):
+        raise NotImplementedError("TrainingSession: TODO - see lesson 16 §4.3")
+
+    def reset_accumulation(self) -> None:
+        raise NotImplementedError("TrainingSession.reset_accumulation: TODO - see lesson 16 §4.3")
+
+    def state(self) -> TrainingSessionState:
+        raise NotImplementedError("TrainingSession.state: TODO - see lesson 16 §4.3")
+
+    def load_state(self, state: TrainingSessionState) -> None:
+        raise NotImplementedError("TrainingSession.load_state: TODO - see lesson 16 §4.3")
+
+    def train_step(self, batch, options: TrainingStepOptions, step_fn) -> TrainingStepReport:
+        raise NotImplementedError("TrainingSession.train_step: TODO - see lesson 16 §4.3")
+
+
+def migrate_train_state(state: dict) -> dict:
+    """TODO (lesson 16 §6): convert a legacy (micro-batch semantics) training state; never modify the input.
+
+    A state with ``batch_size_semantics == "global"`` comes back as an equal copy; any other value
+    -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy
+    (``epoch``, ``step`` = micro-steps done in the epoch, ``batch_size`` = micro-batch,
+    ``accum_steps``): return it without ``batch_size``/``step`` and with ``batch_size_semantics="global"``,
+    ``global_batch_size = batch_size * accum_steps``, ``update_step_in_epoch = step // accum_steps``
+    (the last update boundary), ``sample_position``, ``dropped_microsteps`` and a ``migration_note``
+    saying so. Bad legacy values -> ``ValueError`` naming the key.
+    """
+    raise NotImplementedError("migrate_train_state: TODO - see lesson 16 §6")
