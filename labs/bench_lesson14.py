@@ -1,0 +1,64 @@
+"""Lesson-14 numbers: check-command time, and the reference loop's cost relative to the oracle loop.
+
+    python labs/bench_lesson14.py --repeats 5
+
+Timing belongs here, not in tests (a loaded CI machine must not fail a test for being slow).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from course.checks import get_lesson, load_impl
+from course.checks.tiny_runs import LoopScenario, run_impl, run_oracle
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def time_command(cmd: list[str], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def loop_ratio(repeats: int) -> tuple[float, float, float]:
+    """Median seconds of the oracle and the reference on one workload, run alternately."""
+    scenario = LoopScenario("bench", epochs=1, iters=40, batch_size=4, max_length=64)
+    reference = load_impl(get_lesson("14"), "reference")
+    oracle_t, ref_t = [], []
+    for _ in range(repeats):
+        for fn, bucket in ((lambda: run_oracle.__wrapped__(scenario), oracle_t),
+                           (lambda: run_impl(reference.train_one_epoch, scenario), ref_t)):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    oracle_s, ref_s = statistics.median(oracle_t), statistics.median(ref_t)
+    return oracle_s, ref_s, ref_s / oracle_s
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    check = time_command([sys.executable, "-m", "course", "check", "14", "--impl", "reference"], args.repeats)
+    print(f"python -m course check 14 --impl reference: median {statistics.median(check):.2f} s "
+          f"(min {min(check):.2f}, max {max(check):.2f}, n={len(check)})")
+    oracle_s, ref_s, ratio = loop_ratio(args.repeats)
+    print(f"40 micro-steps, batch 4 x 64 tokens: oracle train_epoch {oracle_s:.3f} s, "
+          f"reference train_one_epoch {ref_s:.3f} s, ratio {ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
