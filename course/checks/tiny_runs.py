@@ -110,23 +110,31 @@ def _plain(value):
     return float(value) if torch.is_tensor(value) else value
 
 
-@functools.lru_cache(maxsize=32)
-def run_oracle(scenario: LoopScenario) -> RunResult:
-    model, optimizer, scaler, autocast_ctx = _training_objects(scenario)
+def run_oracle_epoch(scenario: LoopScenario, objects, epoch: int, loader, start_step: int,
+                     save_checkpoint=None, save_interval: int = 10 ** 9) -> list[dict]:
+    """One call of the oracle's ``train_epoch`` on ``objects`` = (model, optimizer, scaler, autocast_ctx);
+    returns its trace records tagged with ``epoch``. ``save_checkpoint(epoch, step)`` runs where upstream saves."""
+    model, optimizer, scaler, autocast_ctx = objects
     args = SimpleNamespace(device=scenario.device, epochs=scenario.epochs, learning_rate=scenario.base_lr,
                            accumulation_steps=scenario.accumulation_steps, grad_clip=scenario.grad_clip,
-                           log_interval=10 ** 9, save_interval=10 ** 9)
+                           log_interval=10 ** 9, save_interval=save_interval)
+    trace = []
+    # Upstream logs at step == iters; silence it here, tests compare the trace instead.
+    with contextlib.redirect_stdout(io.StringIO()):
+        oracle_train_epoch(epoch, loader, scenario.iters, start_step, model=model, optimizer=optimizer,
+                           scaler=scaler, autocast_ctx=autocast_ctx, args=args,
+                           save_checkpoint=save_checkpoint, trace=trace)
+    return [dict({k: _plain(v) for k, v in r.items()}, epoch=epoch) for r in trace]
+
+
+@functools.lru_cache(maxsize=32)
+def run_oracle(scenario: LoopScenario) -> RunResult:
+    objects = _training_objects(scenario)
     records = []
     for epoch in range(scenario.start_epoch, scenario.epochs):
-        trace = []
         start = scenario.start_step if epoch == scenario.start_epoch else 0
-        # Upstream logs at step == iters; silence it here, tests compare the trace instead.
-        with contextlib.redirect_stdout(io.StringIO()):
-            oracle_train_epoch(epoch, epoch_batches(scenario, epoch), scenario.iters, start, model=model,
-                               optimizer=optimizer, scaler=scaler, autocast_ctx=autocast_ctx, args=args,
-                               trace=trace)
-        records += [dict({k: _plain(v) for k, v in r.items()}, epoch=epoch) for r in trace]
-    return _result(model, optimizer, scaler, records)
+        records += run_oracle_epoch(scenario, objects, epoch, epoch_batches(scenario, epoch), start)
+    return _result(*objects[:3], records)
 
 
 def run_impl(train_one_epoch, scenario: LoopScenario) -> RunResult:
