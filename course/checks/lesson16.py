@@ -1,0 +1,496 @@
+"""Grading checks for lesson 16: token-weighted accumulation and the single-step TrainingSession.
+
+The oracle of a session update is ONE backward of the whole global batch with the loss
+``sum of NLL / valid tokens of the global batch``. Accumulating micro-batches reorders float sums,
+so gradients are compared with ``atol=1e-6`` (measured difference ~1e-8; the ``loss / K`` mistake
+differs by ~1e-1). Everything else (counts, flags, step positions) is compared exactly.
+The DDP check lives in pytest only (tests/test_train_session.py), it spawns processes.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from course.reference.core.train_session import count_loss_units as reference_count
+from course.session.driver import run_text_training
+from course.session.text import TextBatch, collate, token_nll_sum, token_weighted_step
+from course.session_types import GLOBAL_SEMANTICS, TrainingRunState, TrainingStepOptions, TrainingStepReport
+
+from .framework import Exercise, Lesson, expect_close, expect_equal, expect_raises, expect_tensor_close, fail
+from .tiny_runs import LoopScenario, tiny_batches, tiny_model
+
+LESSON = Lesson(
+    lesson_id="16",
+    title="Token-weighted gradient accumulation and the single-step TrainingSession",
+    module_path="core/train_session.py",
+    lesson_file="16_token_weighted_training_session.md",
+    exercises=[
+        Exercise("count_loss_units", "16 §4.1"),
+        Exercise("split_global_batch", "16 §4.2"),
+        Exercise("steps_per_epoch", "16 §4.2"),
+        Exercise("TrainingSession", "16 §4.3"),
+        Exercise("migrate_train_state", "16 §6"),
+    ],
+)
+check = LESSON.check
+
+GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
+SCENARIO = LoopScenario("lesson 16 tiny model", hidden_size=32, num_hidden_layers=1, max_length=16)
+# Valid label positions per sample (labels[i, cut:] = -100), 2 samples per micro-batch: the four
+# micro-batches hold 29, 10, 2 and 0 valid shifted targets - as unequal as padding gets.
+LABEL_CUTS = ((16, 15), (9, 3), (2, 2), (1, 0))
+
+
+# --- count_loss_units ----------------------------------------------------------------------
+
+@check("count_loss_units")
+def count_loss_units_sees_the_shift(impl):
+    """Counts labels[..., 1:] != -100: position 0 is never a target, -100 anywhere never counts."""
+    cases = [
+        ([[5, 6, -100, -100], [-100, 7, 8, 9]], 4),     # unshifted count would be 5
+        ([[1, 2, 3, 4, 5]], 4),
+        ([[-100, -100, -100]], 0),
+        ([[7]], 0),                                      # one position: nothing to predict
+        ([3, -100, 4, 5], 2),                            # a single sequence [seq]
+        ([[9, 9, 9], [9, -100, -100], [9, 9, -100]], 3),
+    ]
+    for labels, expected in cases:
+        got = impl.count_loss_units(torch.tensor(labels))
+        if not isinstance(got, int):
+            fail(f"count_loss_units({labels}) type", type(got).__name__, "int (a host-side count)")
+        expect_equal(f"count_loss_units({labels})", got, expected)
+
+
+@check("count_loss_units")
+def count_loss_units_rejects_bad_labels(impl):
+    """A 0-dim tensor or float labels raise ValueError naming labels."""
+    expect_raises("count_loss_units(tensor(3))", lambda: impl.count_loss_units(torch.tensor(3)), ValueError, "labels")
+    expect_raises("count_loss_units(float labels)", lambda: impl.count_loss_units(torch.ones(2, 4)), ValueError,
+                  "labels")
+
+
+# --- split_global_batch / steps_per_epoch --------------------------------------------------
+
+@check("split_global_batch")
+def split_global_batch_micro_sizes(impl):
+    """8 samples, global 8 / accum 4 -> four micro-batches of 2, in order; short tails split over what remains."""
+    cases = [((list(range(8)), 8, 4), [[0, 1], [2, 3], [4, 5], [6, 7]]),
+             ((list(range(5)), 8, 4), [[0, 1], [2, 3], [4]]),
+             ((list(range(3)), 8, 4), [[0, 1], [2]]),
+             ((list(range(6)), 6, 1), [[0, 1, 2, 3, 4, 5]]),
+             ((list(range(6)), 6, 6), [[0], [1], [2], [3], [4], [5]])]
+    for (samples, global_batch, accum), expected in cases:
+        got = [list(m) for m in impl.split_global_batch(samples, global_batch, accum)]
+        expect_equal(f"split_global_batch({samples}, global_batch_size={global_batch}, grad_accum_steps={accum})",
+                     got, expected)
+
+
+@check("split_global_batch")
+def split_global_batch_fails_fast(impl):
+    """global % accum != 0, sizes < 1, empty or oversized sample lists raise ValueError naming the argument."""
+    expect_raises("split_global_batch(8 samples, 8, 3)", lambda: impl.split_global_batch(list(range(8)), 8, 3),
+                  ValueError, "grad_accum_steps")
+    expect_raises("split_global_batch(.., 0, 1)", lambda: impl.split_global_batch([1], 0, 1), ValueError,
+                  "global_batch_size")
+    expect_raises("split_global_batch(.., 4, 0)", lambda: impl.split_global_batch([1], 4, 0), ValueError,
+                  "grad_accum_steps")
+    expect_raises("split_global_batch([], 4, 2)", lambda: impl.split_global_batch([], 4, 2), ValueError, "samples")
+    expect_raises("split_global_batch(9 samples, 8, 4)", lambda: impl.split_global_batch(list(range(9)), 8, 4),
+                  ValueError, "samples")
+
+
+@check("steps_per_epoch")
+def steps_per_epoch_is_ceil(impl):
+    """ceil(samples / global batch): a short tail is one more update."""
+    for count, global_batch, expected in [(160, 8, 20), (161, 8, 21), (20, 8, 3), (7, 8, 1), (0, 8, 0), (8, 1, 8)]:
+        expect_equal(f"steps_per_epoch({count}, {global_batch})", impl.steps_per_epoch(count, global_batch), expected)
+    expect_raises("steps_per_epoch(10, 0)", lambda: impl.steps_per_epoch(10, 0), ValueError, "global_batch_size")
+    expect_raises("steps_per_epoch(-1, 8)", lambda: impl.steps_per_epoch(-1, 8), ValueError, "sample_count")
+
+
+# --- TrainingSession: fixtures --------------------------------------------------------------
+
+def masked_micro_batches(cuts=LABEL_CUTS, seed: int = 7) -> list[TextBatch]:
+    """Micro-batches of 2 samples whose loss masks are decided per sample (labels[i, cut:] = -100)."""
+    input_ids, labels = tiny_batches(len(cuts) * 2, SCENARIO.max_length, 1, seed)[0]
+    samples = []
+    for i, cut in enumerate(c for pair in cuts for c in pair):
+        sample_labels = labels[i].clone()
+        sample_labels[cut:] = -100
+        samples.append((input_ids[i], sample_labels))
+    return [collate(samples[2 * j:2 * j + 2], reference_count) for j in range(len(cuts))]
+
+
+def global_batch_gradients(batches: list[TextBatch]) -> tuple[dict, torch.Tensor, int]:
+    """The oracle: one forward/backward of the whole global batch, loss = NLL sum / its valid tokens."""
+    model = tiny_model(SCENARIO)
+    input_ids = torch.cat([b.input_ids for b in batches])
+    labels = torch.cat([b.labels for b in batches])
+    units = sum(b.loss_units for b in batches)
+    nll_sum = token_nll_sum(model(input_ids).logits, labels)
+    (nll_sum / units).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, nll_sum.detach(), units
+
+
+def new_session(impl, k: int, *, optimizer_cls=torch.optim.SGD, **kwargs):
+    model = tiny_model(SCENARIO)
+    optimizer = optimizer_cls(model.parameters(), lr=0.1)
+    return impl.TrainingSession(model, optimizer, grad_accum_steps=k, **kwargs)
+
+
+def params_of(model) -> dict:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def grads_of(model) -> dict:
+    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in
+            model.named_parameters()}
+
+
+def expect_same_tensors(what: str, actual: dict, expected: dict, *, rtol=0.0, atol=0.0) -> None:
+    for name, want in expected.items():
+        expect_tensor_close(f"{what}: {name}", actual[name], want, rtol=rtol, atol=atol)
+
+
+def run_update(session, batches, *, clip=0.0, units=None, **hooks) -> list[TrainingStepReport]:
+    """Drive one update the way the run driver does; returns the report of each micro-step."""
+    units = sum(b.loss_units for b in batches) if units is None else units
+    return [session.train_step(b, TrainingStepOptions(clip_grad_norm=clip, normalization_units=units,
+                                                      force_update=i == len(batches) - 1, **hooks),
+                               token_weighted_step)
+            for i, b in enumerate(batches)]
+
+
+def capture_grads(session, into: dict):
+    """A before_update hook that snapshots the accumulated gradients and lets the update proceed."""
+    def hook():
+        into.update(grads_of(session.model))
+        return False
+    return hook
+
+
+# --- TrainingSession: the update boundary ---------------------------------------------------
+
+@check("TrainingSession")
+def session_two_microsteps_one_optimizer_step(impl):
+    """K=2: the first micro-step reports no update and leaves parameters alone; the second steps exactly once."""
+    session = new_session(impl, 2)
+    steps = []
+    session.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    before = params_of(session.model)
+    batches = masked_micro_batches()[:2]
+    units = sum(b.loss_units for b in batches)
+    first = session.train_step(batches[0], TrainingStepOptions(normalization_units=units), token_weighted_step)
+    expect_equal("first micro-step (K=2): (parameters_updated, optimizer_step, microsteps_accumulated)",
+                 (first.parameters_updated, first.optimizer_step, first.microsteps_accumulated), (False, 0, 1))
+    expect_equal("optimizer.step calls after micro-step 1 of 2", len(steps), 0)
+    expect_same_tensors("parameters before the update boundary", params_of(session.model), before)
+    second = session.train_step(batches[1], TrainingStepOptions(normalization_units=units), token_weighted_step)
+    expect_equal("second micro-step (K=2): (parameters_updated, optimizer_step, microsteps_accumulated)",
+                 (second.parameters_updated, second.optimizer_step, second.microsteps_accumulated), (True, 1, 2))
+    expect_equal("optimizer.step calls after 2 micro-steps with K=2", len(steps), 1)
+    expect_equal("session.optimizer_step after one update", session.optimizer_step, 1)
+    if all(torch.equal(p, before[n]) for n, p in params_of(session.model).items()):
+        fail("parameters after the update", "unchanged", "changed by the optimizer step")
+    if any(p.grad is not None and p.grad.abs().sum() > 0 for p in session.model.parameters()):
+        fail("gradients after the update", "still set", "zeroed (zero_grad after the step)")
+
+
+@check("TrainingSession")
+def session_force_update_commits_a_tail(impl):
+    """K=4 but only 2 micro-batches left: force_update on the second commits them as one update."""
+    session = new_session(impl, 4)
+    reports = run_update(session, masked_micro_batches()[:2])
+    expect_equal("parameters_updated per micro-step (K=4, force_update on the 2nd)",
+                 [r.parameters_updated for r in reports], [False, True])
+    expect_equal("microsteps_accumulated of the tail update", reports[-1].microsteps_accumulated, 2)
+    expect_equal("session.optimizer_step after the tail", session.optimizer_step, 1)
+    expect_equal("session.microsteps_accumulated after the tail", session.microsteps_accumulated, 0)
+
+
+@check("TrainingSession")
+def session_global_normalization_matches_one_backward(impl):
+    """Unequal valid tokens per micro-batch (29, 10, 2, 0): accumulated gradient == one global-batch backward."""
+    batches = masked_micro_batches()
+    expected, nll_sum, units = global_batch_gradients(batches)
+    session = new_session(impl, 4)
+    captured: dict = {}
+    reports = run_update(session, batches, before_update=capture_grads(session, captured))
+    if not captured:
+        fail("before_update hook at the update boundary", "never called", "called once before the step")
+    expect_same_tensors("accumulated gradient vs one global-batch backward", captured, expected,
+                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    last = reports[-1]
+    expect_equal("loss_units reported at the boundary", last.loss_units, units)
+    if not torch.is_tensor(last.loss_sum):
+        fail("loss_sum reported at the boundary", type(last.loss_sum).__name__, "a device tensor (read back later)")
+    expect_close("loss_sum at the boundary (NLL sum of the global batch)", float(last.loss_sum), float(nll_sum),
+                 rtol=1e-6)
+    expect_equal("loss_sum / loss_units on micro-steps inside the update",
+                 [(r.loss_sum, r.loss_units) for r in reports[:-1]], [(None, 0)] * 3)
+
+
+@check("TrainingSession")
+def session_grad_norm_is_pre_clip(impl):
+    """clip_grad_norm > 0: the reported norm is the pre-clip norm of the global-batch gradient."""
+    batches = masked_micro_batches()
+    expected, _, _ = global_batch_gradients(batches)
+    want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()])))
+    report = run_update(new_session(impl, 4), batches, clip=0.01)[-1]
+    expect_close("grad_norm (pre-clip) of the update", report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
+
+
+@check("TrainingSession")
+def session_rejects_zero_normalization_units(impl):
+    """normalization_units == 0 is an explicit ValueError, and nothing is updated."""
+    session = new_session(impl, 1)
+    before = params_of(session.model)
+    batch = masked_micro_batches()[0]
+    expect_raises("train_step(..., normalization_units=0)",
+                  lambda: session.train_step(batch, TrainingStepOptions(normalization_units=0, force_update=True),
+                                             token_weighted_step), ValueError, "normalization_units")
+    expect_same_tensors("parameters after a rejected update", params_of(session.model), before)
+    expect_equal("optimizer_step after a rejected update", session.optimizer_step, 0)
+    expect_raises("TrainingSession(grad_accum_steps=0)", lambda: new_session(impl, 0), ValueError, "grad_accum_steps")
+
+
+@check("TrainingSession")
+def session_rejects_an_optimizer_on_other_tensors(impl):
+    """Python's counterpart of 'moving keeps optimizer references valid': the optimizer must hold the
+    model's own Parameter objects; one built on a copy is a ValueError naming optimizer."""
+    model = tiny_model(SCENARIO)
+    orphan_optimizer = torch.optim.SGD(tiny_model(SCENARIO).parameters(), lr=0.1)
+    expect_raises("TrainingSession(model, optimizer over another model's parameters)",
+                  lambda: impl.TrainingSession(model, orphan_optimizer, grad_accum_steps=2), ValueError, "optimizer")
+
+
+@check("TrainingSession")
+def session_abort_discards_the_update(impl):
+    """before_update -> True: no step, parameters unchanged; the next update does not reuse those gradients."""
+    batches = masked_micro_batches()
+    session = new_session(impl, 2)
+    before = params_of(session.model)
+    reports = run_update(session, batches[:2], before_update=lambda: True)
+    expect_equal("aborted update: (parameters_updated, aborted, optimizer_step)",
+                 (reports[-1].parameters_updated, reports[-1].aborted, session.optimizer_step), (False, True, 0))
+    expect_same_tensors("parameters after an aborted update", params_of(session.model), before)
+    captured: dict = {}
+    run_update(session, batches[2:], before_update=capture_grads(session, captured))
+    expected, _, _ = global_batch_gradients(batches[2:])
+    expect_same_tensors("gradient of the update after an abort (must not contain the aborted one)", captured,
+                        expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@check("TrainingSession")
+def session_error_invalidates_the_accumulation(impl):
+    """A step_fn error mid-update: later calls raise until reset_accumulation(); then a clean update follows."""
+    batches = masked_micro_batches()
+    session = new_session(impl, 3)
+    units = sum(b.loss_units for b in batches[:3])
+    session.train_step(batches[0], TrainingStepOptions(normalization_units=units), token_weighted_step)
+
+    def broken_step(model, batch):
+        raise RuntimeError("data error in micro-step 2")
+    try:
+        session.train_step(batches[1], TrainingStepOptions(normalization_units=units), broken_step)
+    except RuntimeError:
+        pass
+    else:
+        fail("train_step with a step_fn that raises", "returned", "the step_fn's RuntimeError propagates")
+    expect_raises("train_step after a failed micro-step (before reset_accumulation)",
+                  lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=units),
+                                             token_weighted_step), RuntimeError, "reset_accumulation")
+    expect_equal("optimizer_step after the failure", session.optimizer_step, 0)
+    session.reset_accumulation()
+    captured: dict = {}
+    run_update(session, batches[2:], before_update=capture_grads(session, captured))
+    expected, _, _ = global_batch_gradients(batches[2:])
+    expect_same_tensors("gradient of the first update after reset_accumulation()", captured, expected,
+                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@check("TrainingSession")
+def session_after_update_runs_after_step_before_zero_grad(impl):
+    """after_update sees the new parameters and the update's gradients still in place."""
+    session = new_session(impl, 2)
+    before = params_of(session.model)
+    seen = {}
+
+    def after():
+        seen["params_changed"] = any(not torch.equal(p, before[n]) for n, p in params_of(session.model).items())
+        seen["grads_present"] = any(p.grad is not None and bool(p.grad.abs().sum() > 0)
+                                    for p in session.model.parameters())
+    run_update(session, masked_micro_batches()[:2], after_update=after)
+    expect_equal("after_update observations", seen, {"params_changed": True, "grads_present": True})
+
+
+@check("TrainingSession")
+def session_sets_lr_and_normalization_is_fixed_per_update(impl):
+    """options.lr lands in every param group; normalization_units may not change inside an update."""
+    session = new_session(impl, 2)
+    batches = masked_micro_batches()
+    session.train_step(batches[0], TrainingStepOptions(lr=0.025, normalization_units=39), token_weighted_step)
+    expect_equal("param group lrs after options.lr=0.025", [g["lr"] for g in session.optimizer.param_groups],
+                 [0.025] * len(session.optimizer.param_groups))
+    expect_raises("normalization_units 39 -> 40 inside one update",
+                  lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=40),
+                                             token_weighted_step), ValueError, "normalization_units")
+
+
+_SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__")
+
+
+@contextlib.contextmanager
+def count_host_syncs(counter: list):
+    saved = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
+
+    def counting(name):
+        def wrapper(self, *args, **kwargs):
+            counter.append(name)
+            return saved[name](self, *args, **kwargs)
+        return wrapper
+    try:
+        for name in _SYNC_METHODS:
+            setattr(torch.Tensor, name, counting(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@check("TrainingSession")
+def session_keeps_loss_sums_on_device(impl):
+    """No tensor -> host conversion (.item(), float(), bool(), .tolist()) on micro-steps inside an update."""
+    session = new_session(impl, 4)
+    batches = masked_micro_batches()
+    units = sum(b.loss_units for b in batches)
+    calls: list = []
+    with count_host_syncs(calls):
+        for batch in batches[:3]:
+            session.train_step(batch, TrainingStepOptions(normalization_units=units), token_weighted_step)
+    expect_equal("host syncs during 3 non-final micro-steps", calls, [])
+
+
+@check("TrainingSession")
+def session_uses_no_sync_before_the_last_microstep(impl):
+    """A DDP-like model (has no_sync): micro-steps that do not close the update run inside no_sync()."""
+    class SyncRecorder(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.in_no_sync, self.forward_log = inner, False, []
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            self.in_no_sync = True
+            try:
+                yield
+            finally:
+                self.in_no_sync = False
+
+        def forward(self, input_ids, labels=None):
+            self.forward_log.append(self.in_no_sync)
+            return self.inner(input_ids, labels=labels)
+    model = SyncRecorder(tiny_model(SCENARIO))
+    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=4)
+    run_update(session, masked_micro_batches()[:3])
+    expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
+                 model.forward_log, [True, True, False])
+
+
+@check("TrainingSession")
+def session_amp_scaler_overflow_and_unscale_before_clip(impl):
+    """Enabled GradScaler('cpu'): the pre-clip norm is the UNSCALED one; an inf gradient skips the step
+    (parameters_updated False, overflow_skipped True, scale halved) and the next update steps."""
+    batches = masked_micro_batches()
+    expected, _, _ = global_batch_gradients(batches)
+    want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()])))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    session = new_session(impl, 4, scaler=scaler)
+    report = run_update(session, batches, clip=0.01)[-1]
+    expect_close("grad_norm with an enabled GradScaler (unscale before clip)",
+                 report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
+    before = params_of(session.model)
+    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
+    report = run_update(session, batches, clip=0.01)[-1]
+    hook.remove()
+    expect_equal("update with an inf gradient: (parameters_updated, overflow_skipped, optimizer_step)",
+                 (report.parameters_updated, report.overflow_skipped, session.optimizer_step), (False, True, 1))
+    expect_equal("GradScaler scale after the overflow", scaler.get_scale(), 2.0 ** 9)
+    expect_same_tensors("parameters after a skipped step", params_of(session.model), before)
+    report = run_update(session, batches, clip=0.01)[-1]
+    expect_equal("update after the overflow: (parameters_updated, optimizer_step)",
+                 (report.parameters_updated, session.optimizer_step), (True, 2))
+
+
+@check("TrainingSession")
+def session_runs_step_fn_under_autocast(impl):
+    """autocast=torch.autocast('cpu', bfloat16): the step_fn runs inside it."""
+    dtypes = []
+
+    def step(model, batch):
+        dtypes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return token_weighted_step(model, batch)
+    session = new_session(impl, 2, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    batches = masked_micro_batches()[:2]
+    for i, batch in enumerate(batches):
+        session.train_step(batch, TrainingStepOptions(normalization_units=39, force_update=i == 1), step)
+    expect_equal("autocast dtype seen inside step_fn", dtypes, [torch.bfloat16] * 2)
+    expect_equal("optimizer_step after a bf16 update", session.optimizer_step, 1)
+
+
+@check("TrainingSession")
+def session_drives_the_text_run(impl):
+    """The run driver with this implementation: 20 samples, global 8 / accum 4 -> updates of 8, 8, 4 samples
+    (4, 4, 2 micro-steps), one optimizer step each; max_steps=2 stops after 2 UPDATES."""
+    input_ids, labels = tiny_batches(20, SCENARIO.max_length, 1, 3)[0]
+    dataset = list(zip(input_ids, labels))
+    for max_steps, expected in [(0, [(8, 4), (8, 4), (4, 2)]), (2, [(8, 4), (8, 4)])]:
+        session = new_session(impl, 4)
+        records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accum_steps=4,
+                                    epochs=1, max_steps=max_steps, impl=impl)
+        expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
+                     [(r["samples"], r["microsteps"]) for r in records], expected)
+        expect_equal(f"optimizer steps, max_steps={max_steps}", session.optimizer_step, len(expected))
+
+
+# --- migrate_train_state -------------------------------------------------------------------
+
+LEGACY = {"epoch": 1, "step": 7, "batch_size": 2, "accum_steps": 4, "model": {"w": 1}, "optimizer": {"s": 2}}
+
+
+@check("migrate_train_state")
+def migrate_legacy_state_to_global_semantics(impl):
+    """Legacy micro-batch 2 x accum 4, 7 micro-steps done -> global 8, update 1 (the last boundary), 3 dropped."""
+    original = dict(LEGACY)
+    migrated = impl.migrate_train_state(original)
+    expect_equal("the input state is not modified", original, LEGACY)
+    expected = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 1,
+                "update_step_in_epoch": 1, "sample_position": 8, "dropped_microsteps": 3}
+    expect_equal("migrated fields", {k: migrated.get(k) for k in expected}, expected)
+    expect_equal("model / optimizer carried over", (migrated.get("model"), migrated.get("optimizer")),
+                 (LEGACY["model"], LEGACY["optimizer"]))
+    expect_equal("legacy keys batch_size / step removed", [k for k in ("batch_size", "step") if k in migrated], [])
+    if "boundary" not in str(migrated.get("migration_note", "")):
+        fail("migration_note must say the resume is at the last update boundary", migrated.get("migration_note"),
+             "... update boundary ...")
+    at_boundary = impl.migrate_train_state(dict(LEGACY, step=8))
+    expect_equal("legacy step 8 = exactly 2 updates: (update_step_in_epoch, dropped_microsteps)",
+                 (at_boundary["update_step_in_epoch"], at_boundary["dropped_microsteps"]), (2, 0))
+
+
+@check("migrate_train_state")
+def migrate_keeps_global_states_and_rejects_bad_ones(impl):
+    """A 'global' state comes back equal; unknown semantics or bad legacy values raise ValueError naming the key."""
+    new = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 0,
+           "update_step_in_epoch": 3, "sample_position": 24}
+    expect_equal("migrate_train_state(global state)", impl.migrate_train_state(dict(new)), new)
+    expect_raises("batch_size_semantics='micro'",
+                  lambda: impl.migrate_train_state(dict(new, batch_size_semantics="micro")), ValueError,
+                  "batch_size_semantics")
+    expect_raises("legacy accum_steps=0", lambda: impl.migrate_train_state(dict(LEGACY, accum_steps=0)), ValueError,
+                  "accum_steps")
+    expect_raises("legacy without batch_size",
+                  lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != "batch_size"}),
+                  ValueError, "batch_size")
+
