@@ -1,9 +1,10 @@
 """Grading: one registry of lessons, each with its exercises and check functions."""
-from . import lesson14, lesson16
+from . import lesson14, lesson15, lesson16
 from .framework import FAIL, PASS, TODO, CheckFailure, Lesson, grade, load_impl, run_check
 
 LESSONS: dict[str, Lesson] = {
     lesson14.LESSON.lesson_id: lesson14.LESSON,
+    lesson15.LESSON.lesson_id: lesson15.LESSON,
     lesson16.LESSON.lesson_id: lesson16.LESSON,
 }
 
