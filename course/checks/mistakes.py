@@ -82,5 +82,64 @@ EQUIVALENTS = [
 ]
 
 
+_SESSION = "core/train_session.py"
+MISTAKES += [
+    Mistake("16", "loss_over_k", "backpropagates loss / K (mean of micro-batch means) instead of unit weighting",
+            "weight = output.gradient_units / options.normalization_units", "weight = 1 / self.grad_accum_steps",
+            "session_global_normalization_matches_one_backward", _SESSION),
+    Mistake("16", "counts_unshifted_labels", "counts labels != -100 without the shift: one target too many per row",
+            "return int((labels[..., 1:] != IGNORE_INDEX).sum())", "return int((labels != IGNORE_INDEX).sum())",
+            "count_loss_units_sees_the_shift", _SESSION),
+    Mistake("16", "steps_on_micro_count_only", "closes an update only every K micro-steps: force_update is ignored",
+            "closes_update = options.force_update or should_step_optimizer(", "closes_update = should_step_optimizer(",
+            "session_force_update_commits_a_tail", _SESSION),
+    Mistake("16", "clip_before_unscale", "clips the still-scaled gradients, then unscales",
+            "        self.scaler.unscale_(self.optimizer)\n        grad_norm = None\n"
+            "        if options.clip_grad_norm > 0:\n"
+            "            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)\n",
+            "        grad_norm = None\n        if options.clip_grad_norm > 0:\n"
+            "            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)\n"
+            "        self.scaler.unscale_(self.optimizer)\n",
+            "session_amp_scaler_overflow_and_unscale_before_clip", _SESSION),
+    Mistake("16", "error_keeps_half_update", "a failed micro-step leaves the accumulation valid: the next call reuses it",
+            "            self.accumulation_valid = False\n            raise\n", "            raise\n",
+            "session_error_invalidates_the_accumulation", _SESSION),
+    Mistake("16", "abort_keeps_gradients", "a before_update abort forgets the counters but keeps the gradients",
+            "            self.reset_accumulation()\n            return TrainingStepReport(False",
+            "            self._clear_pending()\n            return TrainingStepReport(False",
+            "session_abort_discards_the_update", _SESSION),
+    Mistake("16", "zero_units_accepted", "accepts normalization_units == 0 (division by zero instead of a clear error)",
+            "if options.normalization_units <= 0:", "if options.normalization_units < 0:",
+            "session_rejects_zero_normalization_units", _SESSION),
+    Mistake("16", "loss_readback_every_microstep", "reads the loss back to the host on every micro-step",
+            "loss_sum = output.loss_sum.detach()", "loss_sum = torch.tensor(output.loss_sum.item())",
+            "session_keeps_loss_sums_on_device", _SESSION),
+    Mistake("16", "syncs_every_microstep", "never uses no_sync: DDP all-reduces on every micro-step",
+            "sync_ctx = no_sync() if no_sync is not None and not closes_update else nullcontext()",
+            "sync_ctx = nullcontext()", "session_uses_no_sync_before_the_last_microstep", _SESSION),
+    Mistake("16", "floor_steps_per_epoch", "sample_count // global_batch_size: the short tail update is lost",
+            "return math.ceil(sample_count / global_batch_size)", "return sample_count // global_batch_size",
+            "steps_per_epoch_is_ceil", _SESSION),
+    Mistake("16", "split_drops_partial_micro", "drops a partial micro-batch of a short global batch",
+            "for i in range(0, len(samples), micro)]", "for i in range(0, len(samples) - micro + 1, micro)]",
+            "split_global_batch_micro_sizes", _SESSION),
+    Mistake("16", "legacy_batch_kept_as_global", "reads a legacy micro-batch size as the global batch",
+            'global_batch = state["batch_size"] * state["accum_steps"]', 'global_batch = state["batch_size"]',
+            "migrate_legacy_state_to_global_semantics", _SESSION),
+]
+
+EQUIVALENTS += [
+    Mistake("16", "weight_inside_the_graph", "loss * units / N as tensor ops instead of a Python float weight",
+            "self.scaler.scale(output.loss * weight).backward()",
+            "self.scaler.scale(output.loss * output.gradient_units / options.normalization_units).backward()",
+            module_path=_SESSION),
+    Mistake("16", "count_with_item", "(...).sum().item() instead of int((...).sum())",
+            "return int((labels[..., 1:] != IGNORE_INDEX).sum())",
+            "return (labels[..., 1:] != IGNORE_INDEX).sum().item()", module_path=_SESSION),
+    Mistake("16", "ceil_by_negation", "-(-n // b) instead of math.ceil(n / b)",
+            "return math.ceil(sample_count / global_batch_size)", "return -(-sample_count // global_batch_size)",
+            module_path=_SESSION),
+]
+
 def catalogue(lesson: str) -> tuple[list[Mistake], list[Mistake]]:
     return [m for m in MISTAKES if m.lesson == lesson], [m for m in EQUIVALENTS if m.lesson == lesson]
