@@ -5,17 +5,20 @@
     python -m course check 14 --impl-dir DIR      # a submission laid out like impl/
     python -m course check 14 --json              # machine-readable
     python -m course mistakes 14                  # the typical mistakes the checks catch
+    python -m course release                      # regenerate every notebook's nbgrader source and release
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Optional
 
 from .checks import LESSONS, get_lesson
 from .checks.framework import FAIL, PASS, TODO, exercise_status, grade, load_impl
 from .checks.mistakes import catalogue
+from .notebooks import NOTEBOOKS, NOTEBOOKS_DIR, release_all
 
 
 def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str]) -> dict:
@@ -92,6 +95,17 @@ def cmd_mistakes(args) -> int:
     return 0
 
 
+def cmd_release(args) -> int:
+    try:
+        paths = release_all(Path(args.course_dir) if args.course_dir else NOTEBOOKS_DIR, args.lesson or None)
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"released {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     mistakes = sub.add_parser("mistakes", help="list the mistake catalogue of a lesson")
     mistakes.add_argument("lesson", choices=sorted(LESSONS))
     mistakes.set_defaults(func=cmd_mistakes)
+    release = sub.add_parser("release", help="rebuild the nbgrader source and student release of the notebooks")
+    release.add_argument("lesson", nargs="*", help=f"lesson ids {sorted(NOTEBOOKS)} (default: all of them)")
+    release.add_argument("--course-dir", default=None, help="nbgrader course directory (default: notebooks/)")
+    release.set_defaults(func=cmd_release)
     return parser
 
 
