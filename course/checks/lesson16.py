@@ -38,8 +38,8 @@ check = LESSON.check
 GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
 SCENARIO = LoopScenario("lesson 16 tiny model", hidden_size=32, num_hidden_layers=1, max_length=16)
 # Valid label positions per sample (labels[i, cut:] = -100), 2 samples per micro-batch: the four
-# micro-batches hold 29, 10, 2 and 0 valid shifted targets - as unequal as padding gets.
-LABEL_CUTS = ((16, 15), (9, 3), (2, 2), (1, 0))
+# micro-batches hold 29, 10, 2 and 1 valid shifted targets - as unequal as padding gets.
+LABEL_CUTS = ((16, 15), (9, 3), (2, 2), (2, 0))
 
 
 # --- count_loss_units ----------------------------------------------------------------------
@@ -153,12 +153,12 @@ def expect_same_tensors(what: str, actual: dict, expected: dict, *, rtol=0.0, at
         expect_tensor_close(f"{what}: {name}", actual[name], want, rtol=rtol, atol=atol)
 
 
-def run_update(session, batches, *, clip=0.0, units=None, **hooks) -> list[TrainingStepReport]:
+def run_update(session, batches, *, clip=0.0, units=None, step_fn=token_weighted_step,
+               **hooks) -> list[TrainingStepReport]:
     """Drive one update the way the run driver does; returns the report of each micro-step."""
     units = sum(b.loss_units for b in batches) if units is None else units
     return [session.train_step(b, TrainingStepOptions(clip_grad_norm=clip, normalization_units=units,
-                                                      force_update=i == len(batches) - 1, **hooks),
-                               token_weighted_step)
+                                                      force_update=i == len(batches) - 1, **hooks), step_fn)
             for i, b in enumerate(batches)]
 
 
@@ -211,7 +211,7 @@ def session_force_update_commits_a_tail(impl):
 
 @check("TrainingSession")
 def session_global_normalization_matches_one_backward(impl):
-    """Unequal valid tokens per micro-batch (29, 10, 2, 0): accumulated gradient == one global-batch backward."""
+    """Unequal valid tokens per micro-batch (29, 10, 2, 1): accumulated gradient == one global-batch backward."""
     batches = masked_micro_batches()
     expected, nll_sum, units = global_batch_gradients(batches)
     session = new_session(impl, 4)
