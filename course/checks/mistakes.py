@@ -141,5 +141,59 @@ EQUIVALENTS += [
             module_path=_SESSION),
 ]
 
+_CHECKPOINT = "core/checkpoint.py"
+MISTAKES += [
+    Mistake("15", "drops_optimizer_state", "restores the weights only: AdamW restarts with empty moments",
+            '        optimizer.load_state_dict(checkpoint["optimizer"])\n', "        pass\n",
+            "exact_resume_fp32", _CHECKPOINT),
+    Mistake("15", "saves_fp16_weights", "stores the model in fp16 like upstream's resume file: resume is inexact",
+            '"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}',
+            '"model": {k: v.detach().half().cpu() for k, v in model.state_dict().items()}',
+            "save_checkpoint_writes_full_state", _CHECKPOINT),
+    Mistake("15", "does_not_skip_trained_batches", "the sampler ignores skip_batches: a resumed epoch retrains them",
+            "            if position < skipped_samples:\n                continue\n", "",
+            "skip_batch_sampler_matches_upstream", _CHECKPOINT),
+    Mistake("15", "drops_final_partial_batch", "the sampler drops the epoch's last, partial batch",
+            "        if batch:\n            yield batch\n", "", "skip_batch_sampler_matches_upstream", _CHECKPOINT),
+    Mistake("15", "non_atomic_write", "torch.save straight onto the path: a crash mid-save destroys the last checkpoint",
+            'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
+            "fd, tmp_name = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), str(path)",
+            "save_checkpoint_is_atomic", _CHECKPOINT),
+    Mistake("15", "forgets_the_scaler", "never restores the GradScaler: the scale restarts at 65536",
+            "        scaler.load_state_dict(scaler_state)\n", "        pass\n",
+            "exact_resume_with_grad_scaler", _CHECKPOINT),
+    Mistake("15", "saves_mid_accumulation", "saves while gradients are pending: the file silently lacks them",
+            "    if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):\n",
+            "    if False:\n", "save_checkpoint_refuses_pending_gradients", _CHECKPOINT),
+    Mistake("15", "weights_only_false", "torch.load(weights_only=False): a checkpoint can run arbitrary code",
+            'torch.load(path, map_location="cpu", weights_only=True)',
+            'torch.load(path, map_location="cpu", weights_only=False)',
+            "load_checkpoint_rejects_unreadable_files", _CHECKPOINT),
+    Mistake("15", "loads_model_before_validating", "loads the weights, then finds the optimizer state is foreign",
+            '    if optimizer is not None:\n        _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)\n'
+            '    scaler_state = checkpoint["scaler"]\n',
+            '    model.load_state_dict(checkpoint["model"])\n    if optimizer is not None:\n'
+            '        _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)\n'
+            '    scaler_state = checkpoint["scaler"]\n',
+            "load_checkpoint_rejects_foreign_checkpoints", _CHECKPOINT),
+    Mistake("15", "no_world_size_rescale", "keeps the saved step after a world-size change (upstream rescales it)",
+            '    if checkpoint["world_size"] != current:\n', "    if False:\n",
+            "load_checkpoint_rescales_step_for_world_size", _CHECKPOINT),
+    Mistake("15", "resumes_one_step_late", "start_step = step + 1: the micro-batch after the checkpoint is skipped",
+            "return (epoch + 1, 0) if step == iters else (epoch, step)",
+            "return (epoch + 1, 0) if step == iters else (epoch, step + 1)", "resume_position_cases", _CHECKPOINT),
+]
+
+EQUIVALENTS += [
+    Mistake("15", "ceil_by_negation", "-(-N // bs) instead of (N + bs - 1) // bs in __len__",
+            "(len(self.indices) + self.batch_size - 1) // self.batch_size - self.skip_batches",
+            "-(-len(self.indices) // self.batch_size) - self.skip_batches", module_path=_CHECKPOINT),
+    Mistake("15", "fixed_tmp_name", "upstream's fixed path + '.tmp' instead of a mkstemp name",
+            'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
+            'tmp_name = f"{path}.tmp"\n    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)',
+            module_path=_CHECKPOINT),
+]
+
+
 def catalogue(lesson: str) -> tuple[list[Mistake], list[Mistake]]:
     return [m for m in MISTAKES if m.lesson == lesson], [m for m in EQUIVALENTS if m.lesson == lesson]

@@ -1,0 +1,71 @@
+"""Lesson 15 exercises: checkpoint and exact resume.
+
+Read course/lessons/15_checkpoint_resume.md (Chinese: course/lessons/zh/15_checkpoint_resume.md),
+replace each ``raise NotImplementedError`` with your code, then run ``python -m course check 15``.
+"""
+from __future__ import annotations
+
+import dataclasses  # noqa: F401 - model.config is a dataclass
+import os  # noqa: F401 - os.replace, os.fsync
+import tempfile  # noqa: F401 - a temporary file next to the target
+from pathlib import Path  # noqa: F401
+
+import torch  # noqa: F401
+import torch.distributed as dist  # noqa: F401 - the current world size
+from torch.utils.data import Sampler
+
+
+class SkipBatchSampler(Sampler):
+    """TODO (lesson 15 §5.1): a batch sampler that skips the batches a resumed epoch already trained.
+
+    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler`` (upstream ``trainer_utils.py``):
+    iterate ``indices`` in order, group them into lists of ``batch_size``, drop the first
+    ``skip_batches`` full batches, keep the final partial batch; ``len = ceil(N / batch_size) - skip_batches``.
+    Example: ``SkipBatchSampler(range(10), 3, 2)`` yields ``[6, 7, 8]`` then ``[9]``.
+    Raise ``ValueError`` naming the argument when ``batch_size < 1`` or ``skip_batches`` is outside
+    ``[0, ceil(N / batch_size)]`` (upstream silently yields nothing).
+    """
+
+    def __init__(self, indices, batch_size: int, skip_batches: int = 0):
+        raise NotImplementedError("SkipBatchSampler: TODO - see lesson 15 §5.1 (aligns with SkipBatchSampler)")
+
+
+def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> None:
+    """TODO (lesson 15 §5.2): write a resume checkpoint, atomically and in full precision.
+
+    Aligns with the save half of ``course/minimind/trainer_utils.py::lm_checkpoint``, without its fp16
+    quirk. Store a dict with ``model`` (the fp32 ``state_dict``), ``optimizer``, ``scaler``
+    (``scaler.state_dict()``, or None when ``scaler`` is None), ``epoch``, ``step`` (micro-steps done in
+    ``epoch``), ``world_size`` (1 without torch.distributed), ``model_config``
+    (``dataclasses.asdict(model.config)``) and every ``extra`` keyword (by ``state_dict()`` when it has one).
+    Write to a temporary file in the same directory, then ``os.replace`` it onto ``path``; on any
+    error remove the temporary file and re-raise, leaving an existing ``path`` untouched.
+    Raise ``ValueError`` naming ``epoch``/``step`` when negative, and naming ``accumulation`` when the
+    model still holds non-zero gradients (a save in the middle of an accumulation window).
+    """
+    raise NotImplementedError("save_checkpoint: TODO - see lesson 15 §5.2 (aligns with lm_checkpoint)")
+
+
+def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None) -> dict:
+    """TODO (lesson 15 §5.3): restore a ``save_checkpoint`` file and return its dict.
+
+    Aligns with the load half of ``lm_checkpoint`` plus upstream's ``load_state_dict`` calls in
+    ``train_pretrain.py``. Read with ``torch.load(path, map_location="cpu", weights_only=True)``.
+    A missing file raises ``FileNotFoundError``; a truncated or unreadable file, missing keys, wrong
+    shapes or dtypes, another model config or a mismatching optimizer raise ``ValueError`` naming the
+    path and what is wrong - all checked BEFORE ``model``/``optimizer``/``scaler`` change.
+    ``world_size`` (None: the current process group, else 1): when it differs from the saved one,
+    return ``step * saved_world_size // world_size`` as ``step`` (upstream's rescale).
+    """
+    raise NotImplementedError("load_checkpoint: TODO - see lesson 15 §5.3 (aligns with lm_checkpoint)")
+
+
+def resume_position(checkpoint, iters: int) -> tuple[int, int]:
+    """TODO (lesson 15 §5.4): ``(start_epoch, start_step)`` to continue from ``checkpoint``.
+
+    Aligns with ``start_epoch = ckp['epoch']; start_step = ckp['step']`` in upstream's ``train_pretrain.py``,
+    except that a checkpoint written at the end of an epoch (``step == iters``) resumes at
+    ``(epoch + 1, 0)``. Raise ``ValueError`` naming ``iters`` when ``iters < 1`` and naming ``step``
+    when the checkpoint's step is outside ``[0, iters]``.
+    """
+    raise NotImplementedError("resume_position: TODO - see lesson 15 §5.4")
