@@ -1,0 +1,308 @@
+"""Lesson 16: the design note's acceptance matrix (§9), mixed precision, DDP and the mistake catalogue.
+
+Exercise items run a check of ``course.checks.lesson16`` through the ``graded`` fixture (student
+stubs skip as TODO, the reference must pass). Items about the reference pieces (run driver,
+trainer script, resume, DDP) test ``course.session`` directly.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course.checks import get_lesson
+from course.checks.framework import FAIL, PASS, expect_equal, run_check
+from course.checks.lesson16 import (GRAD_ATOL, GRAD_RTOL, SCENARIO, expect_same_tensors, global_batch_gradients,
+                                    grads_of, masked_micro_batches, new_session, params_of, run_update)
+from course.checks.mistakes import catalogue
+from course.checks.tiny_runs import tiny_batches
+from course.minimind import TINY_CORPUS, PretrainDataset
+from course.reference.core import train_session as ref
+from course.reference.core.train_loop import cosine_lr
+from course.session import train_text
+from course.session.driver import (LossReadback, build_train_state, load_train_state, restore_train_state,
+                                   run_text_training, save_train_state)
+from course.session.text import collate, token_weighted_step
+from course.session_types import TrainingRunState
+
+LESSON = get_lesson("16")
+
+ACCEPTANCE_MATRIX = {  # the note's §9 item -> the check that proves it for student and reference
+    "unit: 2 micro-steps give exactly 1 optimizer step": "session_two_microsteps_one_optimizer_step",
+    "unit: parameters_updated is False before the boundary": "session_two_microsteps_one_optimizer_step",
+    "unit: force_update commits a tail": "session_force_update_commits_a_tail",
+    "unit: global normalization equals one hand-built global-batch backward":
+        "session_global_normalization_matches_one_backward",
+    "unit: an error never lets a half update be reused": "session_error_invalidates_the_accumulation",
+    "unit: a before_update abort never lets a half update be reused": "session_abort_discards_the_update",
+    "unit: optimizer references stay the model's own parameters (Python's 'move')":
+        "session_rejects_an_optimizer_on_other_tensors",
+    "unit: normalization_units == 0 is an explicit error": "session_rejects_zero_normalization_units",
+    "unit: loss sums stay on the device between boundaries": "session_keeps_loss_sums_on_device",
+    "data: loss units count the shifted, unmasked targets": "count_loss_units_sees_the_shift",
+    "integration: global 8 / accum 4 splits into 4 micro-batches of 2": "split_global_batch_micro_sizes",
+    "integration: global % accum != 0 fails fast": "split_global_batch_fails_fast",
+    "integration: steps_per_epoch = ceil(samples / 8)": "steps_per_epoch_is_ceil",
+    "integration: the driver runs the implementation update by update": "session_drives_the_text_run",
+    "compat: legacy state -> global semantics at the last update boundary": "migrate_legacy_state_to_global_semantics",
+    "compat: new states pass, unknown semantics fail": "migrate_keeps_global_states_and_rejects_bad_ones",
+    "amp: bf16 autocast wraps the step function": "session_runs_step_fn_under_autocast",
+    "amp: GradScaler('cpu') overflow skips, unscale before clip": "session_amp_scaler_overflow_and_unscale_before_clip",
+    "ddp: no_sync on every micro-step but the last": "session_uses_no_sync_before_the_last_microstep",
+}
+
+
+@pytest.mark.parametrize("item", list(ACCEPTANCE_MATRIX))
+def test_acceptance_matrix(graded, item):
+    graded(LESSON, ACCEPTANCE_MATRIX[item])
+
+
+@pytest.mark.parametrize("check_name", [c.name for c in LESSON.checks])
+def test_lesson16(graded, check_name):
+    graded(LESSON, check_name)
+
+
+# --- data: masks per sample, token-weighted gradient on real padded samples ------------------
+
+def padded_samples(count: int, max_length: int = 64) -> list:
+    dataset = PretrainDataset(TINY_CORPUS, max_length=max_length)
+    return [dataset[i] for i in range(count)]
+
+
+def test_mask_is_decided_per_sample_and_carried_per_position():
+    samples = padded_samples(6)
+    batch = collate(samples, ref.count_loss_units)
+    for i, (input_ids, labels) in enumerate(samples):
+        expect_equal(f"sample {i}: -100 exactly at pad positions", (labels == -100).tolist(),
+                     (input_ids == 0).tolist())
+        expect_equal(f"batch row {i} carries sample {i}'s labels", batch.labels[i].tolist(), labels.tolist())
+    per_sample = [ref.count_loss_units(labels) for _, labels in samples]
+    expect_equal("batch loss_units = sum of per-sample counts", batch.loss_units, sum(per_sample))
+    assert len(set(per_sample)) > 1, f"the corpus should give unequal valid lengths, got {per_sample}"
+
+
+def test_unequal_micro_token_counts_give_the_global_batch_gradient():
+    samples = sorted(padded_samples(8, max_length=16 * 4), key=lambda s: -ref.count_loss_units(s[1]))
+    batches = [collate(m, ref.count_loss_units) for m in ref.split_global_batch(samples, 8, 4)]
+    units = [b.loss_units for b in batches]
+    assert len(set(units)) > 1, f"micro-batches must hold unequal token counts, got {units}"
+    expected, _, _ = global_batch_gradients(batches)
+    session = new_session(ref, 4)
+    captured: dict = {}
+    run_update(session, batches, before_update=lambda: captured.update(grads_of(session.model)) or False)
+    expect_same_tensors(f"token-weighted gradient, micro units {units}", captured, expected,
+                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def test_a_micro_batch_without_valid_tokens_contributes_nothing():
+    batches = masked_micro_batches(cuts=((16, 15), (9, 3), (1, 0)))
+    assert batches[-1].loss_units == 0
+    expected, _, _ = global_batch_gradients(batches[:2])
+    session = new_session(ref, 3)
+    captured: dict = {}
+    run_update(session, batches, before_update=lambda: captured.update(grads_of(session.model)) or False)
+    expect_same_tensors("gradient with an all-masked 3rd micro-batch", captured, expected,
+                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+# --- integration: the run driver counts UPDATES ----------------------------------------------
+
+def small_dataset(count: int = 20) -> list:
+    input_ids, labels = tiny_batches(count, SCENARIO.max_length, 1, 3)[0]
+    return list(zip(input_ids, labels))
+
+
+def drive(dataset, **kwargs):
+    session = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
+    run = kwargs.pop("run", None) or TrainingRunState(base_lr=1e-3)
+    return session, run, run_text_training(session, dataset, run, global_batch_size=8, accum_steps=4, **kwargs)
+
+
+def test_global_8_accum_4_feeds_8_samples_per_update():
+    seen: list = []
+
+    def counting_step(model, batch):
+        seen.append(batch.input_ids.shape[0])
+        return token_weighted_step(model, batch)
+    session, _, records = drive(small_dataset(16), epochs=1, step_fn=counting_step)
+    expect_equal("micro-batch sizes seen by step_fn", seen, [2] * 8)
+    expect_equal("samples per update", [r["samples"] for r in records], [8, 8])
+    expect_equal("optimizer steps", session.optimizer_step, 2)
+
+
+def test_steps_per_epoch_and_the_short_tail_update():
+    session, run, records = drive(small_dataset(20), epochs=2)
+    expect_equal("(epoch, update_step, samples, microsteps) per update",
+                 [(r["epoch"], r["update_step"], r["samples"], r["microsteps"]) for r in records],
+                 [(0, 1, 8, 4), (0, 2, 8, 4), (0, 3, 4, 2), (1, 1, 8, 4), (1, 2, 8, 4), (1, 3, 4, 2)])
+    expect_equal("optimizer steps = updates (tail included)", session.optimizer_step, 6)
+    expect_equal("run state after 2 epochs", (run.epoch, run.update_step_in_epoch, run.global_step), (2, 0, 6))
+
+
+def test_max_steps_checkpoint_and_lr_count_updates():
+    saved = []
+    session, run, records = drive(small_dataset(20), epochs=2, max_steps=4, save_interval=2,
+                                  save_fn=lambda state: saved.append(state["global_step"]))
+    expect_equal("global steps run with max_steps=4", [r["global_step"] for r in records], [1, 2, 3, 4])
+    expect_equal("checkpoints at every 2nd UPDATE", saved, [2, 4])
+    for r in records:
+        expected_lr = cosine_lr(r["global_step"], 6, 1e-3)
+        assert r["lr"] == expected_lr, f"update {r['global_step']}: ACTUAL lr {r['lr']!r} EXPECTED {expected_lr!r}"
+        assert session.optimizer.param_groups[0]["lr"] == records[-1]["lr"]
+    expect_equal("run state at max_steps", (run.epoch, run.update_step_in_epoch, run.global_step), (1, 1, 4))
+
+
+def test_one_loss_readback_per_update():
+    readback = LossReadback()
+    _, _, records = drive(small_dataset(20), epochs=1, readback=readback, log_interval=2)
+    expect_equal("values read back", readback.values_read, len(records))
+    losses = [r["loss"] for r in records]
+    assert all(isinstance(v, float) and math.isfinite(v) and 5 < v < 12 for v in losses), (
+        f"per-update mean token loss: ACTUAL {losses}, EXPECTED finite floats near ln(6400)=8.76")
+
+
+# --- compatibility: resume from new and legacy states ----------------------------------------
+
+def test_resume_from_a_new_state_matches_the_straight_run(tmp_path):
+    dataset = small_dataset(20)
+    straight, _, _ = drive(dataset, epochs=2)
+    first, run, _ = drive(dataset, epochs=2, max_steps=4)
+    path = save_train_state(build_train_state(first, run, global_batch_size=8, accum_steps=4), tmp_path / "s.pt")
+    resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
+    run2, note = restore_train_state(load_train_state(path), resumed, global_batch_size=8, accum_steps=4,
+                                     sample_count=20, identity="")
+    expect_equal("restored run state", (run2.epoch, run2.update_step_in_epoch, run2.global_step, resumed.optimizer_step),
+                 (1, 1, 4, 4))
+    run_text_training(resumed, dataset, run2, global_batch_size=8, accum_steps=4, epochs=2)
+    expect_same_tensors("parameters: resumed run vs straight run (bitwise, same process)",
+                        params_of(resumed.model), params_of(straight.model))
+
+
+def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
+    dataset = small_dataset(20)
+    straight, _, _ = drive(dataset, epochs=1)
+    one_update, _, _ = drive(dataset, epochs=1, max_steps=1)
+    legacy = {"epoch": 0, "step": 7, "batch_size": 2, "accum_steps": 4,   # saved mid-way through update 2
+              "model": one_update.model.state_dict(), "optimizer": one_update.optimizer.state_dict()}
+    resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
+    run, note = restore_train_state(legacy, resumed, global_batch_size=8, accum_steps=4, sample_count=20, identity="")
+    assert "boundary" in note, note
+    expect_equal("legacy resume point", (run.epoch, run.update_step_in_epoch, run.sample_position, run.global_step),
+                 (0, 1, 8, 1))
+    run.base_lr = 1e-3
+    run_text_training(resumed, dataset, run, global_batch_size=8, accum_steps=4, epochs=1)
+    expect_same_tensors("parameters: legacy resume vs straight run", params_of(resumed.model),
+                        params_of(straight.model))
+
+
+def test_restore_rejects_a_different_global_batch():
+    session, run, _ = drive(small_dataset(20), epochs=1, max_steps=1)
+    state = build_train_state(session, run, global_batch_size=8, accum_steps=4)
+    with pytest.raises(ValueError, match="global_batch_size"):
+        restore_train_state(state, new_session(ref, 4), global_batch_size=4, accum_steps=4, sample_count=20,
+                            identity="")
+
+
+TRAINER_ARGS = ["--batch-size", "8", "--accum-steps", "4", "--hidden-size", "32", "--num-hidden-layers", "1",
+                "--max-seq-len", "16", "--no-progress", "--log-interval", "1"]
+
+
+def test_trainer_script_saves_and_resumes_own_and_legacy(tmp_path, capsys):
+    args = TRAINER_ARGS + ["--save-dir", str(tmp_path)]
+    first = train_text.main(args + ["--max-steps", "2"])
+    out = capsys.readouterr().out
+    assert "Epoch:[1/1](2/20), loss:" in out, out
+    expect_equal("first run: global steps", [r["global_step"] for r in first], [1, 2])
+    state = load_train_state(tmp_path / "train_state.pt")
+    expect_equal("saved semantics and position", (state["batch_size_semantics"], state["global_batch_size"],
+                                                   state["global_step"]), ("global", 8, 2))
+    resumed = train_text.main(args + ["--max-steps", "3", "--resume", str(tmp_path / "train_state.pt")])
+    expect_equal("resumed run: global steps", [r["global_step"] for r in resumed], [3])
+    legacy = {"epoch": 0, "step": 5, "batch_size": 2, "accum_steps": 4, "model": state["model"],
+              "optimizer": state["optimizer"]}
+    torch.save(legacy, tmp_path / "legacy.pt")
+    capsys.readouterr()
+    from_legacy = train_text.main(args + ["--max-steps", "2", "--resume", str(tmp_path / "legacy.pt")])
+    out = capsys.readouterr().out
+    assert "legacy micro-batch semantics" in out and "update boundary" in out, out
+    expect_equal("legacy resume: global steps", [r["global_step"] for r in from_legacy], [2])
+
+
+def test_trainer_rejects_a_global_batch_not_divisible_by_accum(capsys):
+    with pytest.raises(SystemExit) as exc:
+        train_text.main(["--batch-size", "8", "--accum-steps", "3"])
+    assert exc.value.code == 2
+    assert "--batch-size (8)" in capsys.readouterr().err
+
+
+# --- mixed precision ----------------------------------------------------------------------
+
+def test_bf16_autocast_update_points_like_fp32():
+    batches = masked_micro_batches()
+    expected, _, _ = global_batch_gradients(batches)
+    session = new_session(ref, 4, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    captured: dict = {}
+    run_update(session, batches, before_update=lambda: captured.update(grads_of(session.model)) or False)
+    flat = lambda g: torch.cat([t.flatten() for _, t in sorted(g.items())]).double()  # noqa: E731
+    cosine = float(torch.nn.functional.cosine_similarity(flat(captured), flat(expected), dim=0))
+    # bf16 keeps 8 mantissa bits: the gradient is not bitwise fp32, but must point the same way.
+    assert cosine > 0.999, f"bf16 vs fp32 global-batch gradient cosine: ACTUAL {cosine:.6f}, EXPECTED > 0.999"
+
+
+def test_grad_scaler_overflow_keeps_the_scale_during_accumulation():
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    session = new_session(ref, 4, scaler=scaler)
+    scales = []
+    batches = masked_micro_batches()
+    units = sum(b.loss_units for b in batches)
+    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
+    for i, b in enumerate(batches):
+        report = session.train_step(b, ref.TrainingStepOptions(normalization_units=units, clip_grad_norm=1.0,
+                                                               force_update=i == 3), token_weighted_step)
+        scales.append(scaler.get_scale())
+    hook.remove()
+    expect_equal("scale after each micro-step (halved only at the boundary)", scales, [1024.0] * 3 + [512.0])
+    expect_equal("overflow report", (report.overflow_skipped, report.parameters_updated), (True, False))
+
+
+# --- DDP ----------------------------------------------------------------------------------
+
+@pytest.mark.ddp
+def test_ddp_gradients_equal_the_single_process_global_batch():
+    from course.session.ddp import spawn_ddp_update
+    ranks = spawn_ddp_update(2)
+    expected, _, _ = global_batch_gradients(masked_micro_batches())
+    for rank, result in enumerate(ranks):
+        expect_same_tensors(f"rank {rank}: token-weighted DDP gradient vs single-process global batch",
+                            result["token_weighted"], expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    worst = max(float((ranks[0]["naive_mean"][n] - g).abs().max()) for n, g in expected.items())
+    assert worst > 1e-2, f"naive loss/K under DDP should differ from the global batch: max |diff| {worst:.3e}"
+
+
+# --- the mistake catalogue ------------------------------------------------------------------
+
+MISTAKES, EQUIVALENTS = catalogue("16")
+
+
+@pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: m.name)
+def test_lesson16_mistake_is_caught(mistake):
+    check = next(c for c in LESSON.checks if c.name == mistake.caught_by)
+    result = run_check(check, mistake.build())
+    assert result.status == FAIL, f"{mistake.name}: {check.name} ACTUAL {result.status}, EXPECTED {FAIL}"
+    assert "ACTUAL" in result.message and "EXPECTED" in result.message, result.message
+
+
+@pytest.mark.parametrize("equivalent", EQUIVALENTS, ids=lambda m: m.name)
+def test_lesson16_equivalent_passes(equivalent):
+    module = equivalent.build()
+    failed = {c.name: r.message for c in LESSON.checks if (r := run_check(c, module)).status != PASS}
+    assert not failed, f"{equivalent.name} must pass every check; failed: {failed}"
+
+
+def test_every_mistake_names_a_lesson16_check():
+    names = {c.name for c in LESSON.checks}
+    expect_equal("mistakes whose caught_by is not a lesson-16 check",
+                 [m.name for m in MISTAKES if m.caught_by not in names], [])
+    assert len(MISTAKES) >= 4
+
