@@ -1,0 +1,223 @@
+"""Lesson 15: every check of ``course.checks.lesson15`` for each implementation, plus what only the
+reference and the stage assembly can show: exact resume in a NEW process, a kill during a save,
+the cost of a mid-accumulation save, and ``impl/train_pretrain_impl.py --resume``.
+
+Runs compared bitwise across processes pin ``torch.set_num_threads(1)`` on both sides: CPU kernels
+may split reductions differently with another thread count.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from course.checks import get_lesson
+from course.checks.framework import REFERENCE_DIR, expect_equal, load_module
+from course.checks.lesson15 import (BASE, RESUME_FP32, RESUME_SCALER, compare_resumed, resume_and_finish,
+                                    save_objects, train_until)
+from course.checks.tiny_runs import RunResult, _training_objects, run_oracle, run_oracle_epoch, tiny_batches
+from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
+from course.minimind.train_pretrain import build_training
+from course.minimind.trainer_utils import lm_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = get_lesson("15")
+REFERENCE = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "test15_reference")
+train_pretrain_impl = load_module(ROOT / "impl" / "train_pretrain_impl.py", "test15_stage")
+
+CHILD_RESUME = """
+import json, sys, torch
+torch.set_num_threads(1)
+from course.checks.framework import REFERENCE_DIR, load_module
+from course.checks.lesson15 import resume_and_finish
+from course.checks.tiny_runs import LoopScenario
+reference = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "child_reference")
+results = [resume_and_finish(reference, LoopScenario(**fields), path) for fields, path in json.loads(sys.argv[1])]
+torch.save([dict(records=r.records, params=r.params, optimizer_state=r.optimizer_state, scale=r.scale)
+            for r in results], sys.argv[2])
+"""
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("check_name", [c.name for c in LESSON.checks])
+def test_lesson15(graded, check_name):
+    graded(LESSON, check_name)
+
+
+def test_upstream_oracle_sampler_and_checkpoint(tmp_path, monkeypatch):
+    """The oracle keeps upstream's behaviour: the notes' sampler example, fp16 weights, the step rescale."""
+    expect_equal("upstream SkipBatchSampler(range(10), 3, 2)", list(UpstreamSkipBatchSampler(range(10), 3, 2)),
+                 [[6, 7, 8], [9]])
+    expect_equal("upstream len with a skip past the end", len(UpstreamSkipBatchSampler(range(10), 3, 9)), 0)
+    model, optimizer, scaler, _ = _training_objects(BASE)
+    lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=0, step=6, save_dir=str(tmp_path),
+                  scaler=scaler)
+    expect_equal("files written", sorted(p.name for p in tmp_path.iterdir()), ["pretrain_64.pth", "pretrain_64_resume.pth"])
+    monkeypatch.setattr("course.minimind.trainer_utils.current_world_size", lambda: 3)
+    data = lm_checkpoint(model.config, save_dir=str(tmp_path))
+    expect_equal("dtype of the resume file's weights", data["model"]["lm_head.weight"].dtype, torch.float16)
+    expect_equal("step saved by 1 rank at 6, loaded by 3", data["step"], 2)
+
+
+def test_exact_resume_in_a_new_process(tmp_path, one_thread):
+    """Interrupt here, resume in a fresh interpreter: bitwise the uninterrupted run (dense, MoE, GradScaler)."""
+    cases = RESUME_FP32 + RESUME_SCALER
+    jobs, firsts = [], []
+    for i, (scenario, stop_epoch, stop_step) in enumerate(cases):
+        objects, records = train_until(scenario, stop_epoch, stop_step)
+        path = tmp_path / f"resume_{i}.pth"
+        save_objects(REFERENCE, path, objects, stop_epoch, stop_step)
+        jobs.append((dataclasses.asdict(scenario), str(path)))
+        firsts.append(records)
+    out = tmp_path / "resumed.pt"
+    proc = subprocess.run([sys.executable, "-c", CHILD_RESUME, json.dumps(jobs), str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (scenario, _, _), records, resumed in zip(cases, firsts, torch.load(out, weights_only=True)):
+        uninterrupted = run_oracle.__wrapped__(scenario)  # not the cache: computed with one thread, here
+        compare_resumed(f"[{scenario.name}, new process]", records, RunResult(**resumed), uninterrupted)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupted_mid_window(scenario, stop_after: int):
+    """Oracle training of epoch 0 killed right after micro-step ``stop_after``'s backward (before any flush)."""
+    objects = _training_objects(scenario)
+    batches = tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42)
+
+    def loader():
+        yield from batches[:stop_after]
+        raise Interrupted
+
+    with pytest.raises(Interrupted):
+        run_oracle_epoch(scenario, objects, 0, loader(), 0)
+    return objects
+
+
+def test_mid_accumulation_save_is_refused_and_would_cost(tmp_path):
+    """K=2, interrupted after micro-step 3: the reference refuses to save; dropping the pending gradient
+    and resuming from step 3 anyway changes the final parameters (by more than float noise)."""
+    objects = interrupted_mid_window(BASE, 3)
+    path = tmp_path / "resume.pth"
+    with pytest.raises(ValueError, match="accumulat"):
+        save_objects(REFERENCE, path, objects, 0, 3)
+    assert not path.exists(), "a refused save must not write the file"
+    objects[1].zero_grad(set_to_none=True)  # what a save that ignores pending gradients amounts to
+    save_objects(REFERENCE, path, objects, 0, 3)
+    resumed, uninterrupted = resume_and_finish(REFERENCE, BASE, path), run_oracle(BASE)
+    drift = max((resumed.params[n] - p).abs().max().item() for n, p in uninterrupted.params.items())
+    assert drift > 1e-5, f"dropping micro-step 3's gradient should change the run; max |diff| = {drift:.3e}"
+
+
+def test_stage_assembly_refuses_saves_inside_a_window(capsys):
+    """--save_interval / --stop_after must be multiples of --accumulation_steps (exit 2, named flag)."""
+    for flag in ("--save_interval", "--stop_after"):
+        with pytest.raises(SystemExit) as exc:
+            train_pretrain_impl.parse_args([flag, "6", "--accumulation_steps", "4"])
+        assert exc.value.code == 2
+        assert f"{flag} must be 0 or a positive multiple of --accumulation_steps (4), got 6" in capsys.readouterr().err
+
+
+KILL_DURING_SAVE = """
+import os, signal, sys, torch
+from course.checks.framework import REFERENCE_DIR, load_module
+from course.checks.lesson15 import BASE, save_objects, train_until
+reference = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "child_reference")
+objects, _ = train_until(BASE, 0, 4)
+def killed_mid_write(obj, f, *args, **kwargs):
+    f.write(b"PK\\x03\\x04 half a checkpoint")
+    f.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+torch.save = killed_mid_write
+save_objects(reference, sys.argv[1], objects, 0, 4)
+"""
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
+    """SIGKILL in the middle of torch.save: the previous file is byte-identical and loads (epoch 0, step 2)."""
+    path = tmp_path / "resume.pth"
+    objects, _ = train_until(BASE, 0, 2)
+    save_objects(REFERENCE, path, objects, 0, 2)
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, str(path)], cwd=ROOT, capture_output=True,
+                          timeout=300)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-2000:])
+    assert path.read_bytes() == before, "the kill changed the previous checkpoint"
+    fresh = _training_objects(BASE)
+    checkpoint = REFERENCE.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2])
+    expect_equal("(epoch, step) after the kill", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name != "resume.pth")
+    assert all(name.endswith(".tmp") for name in leftovers), f"only a stray temp file may remain, found {leftovers}"
+
+
+STAGE = ["--impl", "reference", "--epochs", "1", "--batch_size", "16", "--max_seq_len", "32", "--save_interval", "4"]
+
+
+def test_stage_assembly_resume_continues_exactly(tmp_path, capsys):
+    """--stop_after 4 then --resume: progress restarts at 4/10 and the final weights equal a straight run."""
+    interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
+    assert train_pretrain_impl.main(STAGE + ["--stop_after", "4", "--out_dir", str(interrupted)]) == 0
+    resume_file = interrupted / "pretrain_64_resume.pth"
+    assert "stopped after 4 micro-steps" in capsys.readouterr().out
+    assert train_pretrain_impl.main(STAGE + ["--resume", str(resume_file), "--out_dir", str(interrupted)]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {resume_file}: epoch 1/1, step 4/10" in out, out[-2000:]
+    assert " 4/10 [" in out, f"the progress bar should start at the resumed position:\n{out[-2000:]}"
+    assert "Epoch:[1/1](5/10)" in out and "(4/10), loss" not in out, out[-2000:]
+    assert train_pretrain_impl.main(STAGE + ["--out_dir", str(straight)]) == 0
+    resumed = torch.load(interrupted / "pretrain_64.pth", weights_only=True)
+    for name, value in torch.load(straight / "pretrain_64.pth", weights_only=True).items():
+        assert torch.equal(resumed[name], value), f"{name}: resumed run differs from the straight run"
+
+
+def test_stage_assembly_rejects_bad_resume_files(tmp_path, capsys):
+    """A truncated file or other flags than the interrupted run: exit 2 with the reason, no training."""
+    assert train_pretrain_impl.main(STAGE + ["--stop_after", "4", "--out_dir", str(tmp_path)]) == 0
+    resume_file = tmp_path / "pretrain_64_resume.pth"
+    capsys.readouterr()
+    assert train_pretrain_impl.main(STAGE + ["--learning_rate", "1e-3", "--resume", str(resume_file),
+                                             "--out_dir", str(tmp_path)]) == 2
+    assert "'learning_rate': (0.001, 0.0005)" in capsys.readouterr().err
+    truncated = tmp_path / "truncated.pth"
+    truncated.write_bytes(resume_file.read_bytes()[:1000])
+    assert train_pretrain_impl.main(STAGE + ["--resume", str(truncated), "--out_dir", str(tmp_path)]) == 2
+    assert f"checkpoint '{truncated}'" in capsys.readouterr().err
+
+
+def test_stage_assembly_on_stubs_says_todo_for_lesson_15(tmp_path):
+    """--resume with the student's impl/ (untouched lesson-15 stubs): a TODO naming lesson 15, exit 1."""
+    proc = subprocess.run([sys.executable, "impl/train_pretrain_impl.py", "--resume", str(tmp_path / "x.pth")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Fill in impl/core/checkpoint.py (lesson 15 §5)" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_resume_checkpoint_of_the_default_config_is_small(tmp_path):
+    """The stage assembly's default model (hidden 64, 2 layers, vocab 6400): fp32 weights + 2 AdamW moments."""
+    args = train_pretrain_impl.parse_args([])
+    model, optimizer, scaler, _ = build_training(args)
+    model(torch.ones(1, 4, dtype=torch.long), labels=torch.ones(1, 4, dtype=torch.long)).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    path = tmp_path / "resume.pth"
+    REFERENCE.save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, epoch=0, step=4)
+    params = sum(p.numel() for p in model.parameters())
+    size = os.path.getsize(path)
+    # 3 fp32 tensors per parameter (weights, exp_avg, exp_avg_sq); the tied lm_head is stored once.
+    assert 12 * params <= size <= 12 * params + 200_000, f"{size} bytes for {params} parameters"
