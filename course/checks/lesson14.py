@@ -11,7 +11,7 @@ from course.minimind import get_lr
 
 from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises,
                         expect_tensor_close, fail)
-from .tiny_runs import LoopScenario, run_impl, run_oracle
+from .tiny_runs import LoopScenario, epoch_batches, run_impl, run_oracle, tiny_model
 
 LESSON = Lesson(
     lesson_id="14",
@@ -229,11 +229,16 @@ def train_one_epoch_marks_the_tail_flush(impl):
 
 @check("train_one_epoch")
 def train_one_epoch_rejects_bad_arguments(impl):
-    """accumulation_steps <= 0 raises ValueError naming accumulation_steps before any work."""
-    scenario = BASE.with_(epochs=1)
-    expect_raises("train_one_epoch(..., accumulation_steps=0)",
-                  lambda: run_impl(impl.train_one_epoch, scenario.with_(accumulation_steps=0)), ValueError,
-                  "accumulation_steps")
+    """K, iters or epochs <= 0, epoch outside [0, epochs), start_step outside [0, iters]: ValueError
+    naming the argument."""
+    model = tiny_model(BASE)
+    good = dict(device="cpu", epoch=0, epochs=1, iters=6, base_lr=5e-4, accumulation_steps=4, grad_clip=1.0)
+    bad = [(dict(accumulation_steps=0), "accumulation_steps"), (dict(iters=0), "iters"),
+           (dict(epochs=0), "epochs"), (dict(epoch=1), "epoch"), (dict(start_step=7), "start_step")]
+    for changes, argument in bad:
+        expect_raises(f"train_one_epoch(..., {', '.join(f'{k}={v}' for k, v in changes.items())})",
+                      lambda: impl.train_one_epoch(model, epoch_batches(BASE, 0), torch.optim.AdamW(
+                          model.parameters()), **{**good, **changes}), ValueError, argument)
 
 
 def mechanics_report(impl) -> list[str]:

@@ -59,6 +59,8 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     ``aux_loss``, ``optimizer_step`` (bool), ``grad_norm`` (pre-clip norm where the optimizer
     stepped, else None) and ``tail_flush`` (True on the micro-step whose window the tail flush
     closed). ``scaler=None`` means a disabled ``torch.amp.GradScaler``; ``autocast_ctx=None``
-    means ``nullcontext()``. Raise ``ValueError`` naming ``accumulation_steps`` when it is <= 0.
+    means ``nullcontext()``. Before any work, raise ``ValueError`` naming the argument when
+    ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0, ``epoch`` is outside ``[0, epochs)``
+    or ``start_step`` is outside ``[0, iters]``.
     """
     raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")

@@ -68,8 +68,10 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     """
     if accumulation_steps <= 0:
         raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
-    if iters <= 0 or epochs <= 0:
-        raise ValueError(f"iters and epochs must be >= 1, got iters={iters}, epochs={epochs}")
+    if iters <= 0:
+        raise ValueError(f"iters must be >= 1, got {iters}")
+    if epochs <= 0:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
     if not 0 <= epoch < epochs:
         raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")
     if not 0 <= start_step <= iters:
