@@ -30,16 +30,10 @@ from course.checks.tiny_runs import LoopScenario, _training_objects, run_oracle,
 from course.checks.tiny_runs import tiny_batches  # noqa: E402
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler  # noqa: E402
 from course.minimind.trainer_utils import lm_checkpoint  # noqa: E402
+from trace_pretrain_step import positive_int  # noqa: E402 - labs/ is on sys.path when a lab runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "resume_lab_reference")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
 
 
 def parse_args(argv=None):
@@ -57,6 +51,8 @@ def parse_args(argv=None):
     if args.stop_step > args.iters or args.stop_step % args.accumulation_steps:
         parser.error(f"--stop_step must be a multiple of --accumulation_steps ({args.accumulation_steps}) "
                      f"and <= --iters ({args.iters}), got {args.stop_step}")
+    if args.epochs < 2:
+        parser.error(f"--epochs must be >= 2: the tail-flush pitfall resumes into a next epoch, got {args.epochs}")
     if args.iters % args.accumulation_steps == 0:
         parser.error("--iters must not be a multiple of --accumulation_steps: the tail-flush pitfall needs a tail")
     return args

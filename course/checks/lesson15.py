@@ -7,6 +7,7 @@ oracle loop (``course.minimind.train_pretrain.train_epoch``), so lesson 15 does 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import tempfile
 from pathlib import Path
@@ -121,6 +122,16 @@ def check_exact_resume(impl, cases) -> None:
         compare_resumed(f"[{scenario.name}]", records_before, resumed, run_oracle(scenario))
 
 
+@contextlib.contextmanager
+def good_checkpoint(impl):
+    """(trained objects, fresh target objects, temp dir, a good checkpoint of the trained ones there)."""
+    objects, _ = train_until(BASE, 0, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        good = Path(tmp) / "good.pth"
+        save_objects(impl, good, objects, 0, 2)
+        yield objects, _training_objects(BASE), tmp, good
+
+
 # --- SkipBatchSampler --------------------------------------------------------------------------
 
 
@@ -201,10 +212,7 @@ def exploding_save(obj, f, *args, **kwargs):
 @check("save_checkpoint")
 def save_checkpoint_is_atomic(impl):
     """A crash during a save leaves the previous checkpoint byte-identical and loadable, and no temp file."""
-    objects, _ = train_until(BASE, 0, 2)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "resume.pth"
-        save_objects(impl, path, objects, 0, 2)
+    with good_checkpoint(impl) as (objects, fresh, tmp, path):
         before = path.read_bytes()
         real_save = torch.save
         torch.save = exploding_save
@@ -222,8 +230,7 @@ def save_checkpoint_is_atomic(impl):
                  f"the previous checkpoint, {len(before)} bytes, unchanged",
                  "write to a temporary file in the same directory, then os.replace it onto the path")
         expect_equal("files in the checkpoint directory after the crash", sorted(p.name for p in Path(tmp).iterdir()),
-                     ["resume.pth"])
-        fresh = _training_objects(BASE)
+                     ["good.pth"])
         checkpoint = impl.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2])
         expect_equal("(epoch, step) of the previous checkpoint", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
 
@@ -305,11 +312,7 @@ def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
 @check("load_checkpoint")
 def load_checkpoint_rejects_unreadable_files(impl):
     """Missing, truncated and arbitrary-object files: a clear error naming the path, nothing loaded."""
-    objects, _ = train_until(BASE, 0, 2)
-    target = _training_objects(BASE)
-    with tempfile.TemporaryDirectory() as tmp:
-        good = Path(tmp) / "good.pth"
-        save_objects(impl, good, objects, 0, 2)
+    with good_checkpoint(impl) as (_, target, tmp, good):
         missing = Path(tmp) / "missing.pth"
         expect_refused(impl, "load_checkpoint of a missing file", missing, target, FileNotFoundError, [str(missing)])
         truncated = Path(tmp) / "truncated.pth"
@@ -324,11 +327,7 @@ def load_checkpoint_rejects_unreadable_files(impl):
 @check("load_checkpoint")
 def load_checkpoint_rejects_foreign_checkpoints(impl):
     """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError."""
-    objects, _ = train_until(BASE, 0, 2)
-    target = _training_objects(BASE)
-    with tempfile.TemporaryDirectory() as tmp:
-        good = Path(tmp) / "good.pth"
-        save_objects(impl, good, objects, 0, 2)
+    with good_checkpoint(impl) as (objects, target, tmp, good):
         saved = torch.load(good, weights_only=True)
 
         weights_only_file = Path(tmp) / "weights.pth"
@@ -367,16 +366,13 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
 @check("load_checkpoint")
 def load_checkpoint_rescales_step_for_world_size(impl):
     """Upstream's rule: step * saved_world_size // world_size when the world size changed."""
-    objects, _ = train_until(BASE, 0, 2)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "resume.pth"
-        save_objects(impl, path, objects, 0, 6)
+    with good_checkpoint(impl) as (_, _, _, path):
         torch.save(dict(torch.load(path, weights_only=True), world_size=2), path)
-        for world_size, expected in ((2, 6), (1, 12), (4, 3), (3, 4)):
+        for world_size, expected in ((2, 2), (1, 4), (4, 1), (3, 1)):
             fresh = _training_objects(BASE)
             checkpoint = impl.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2],
                                               world_size=world_size)
-            expect_equal(f"step of a checkpoint saved at step 6 by 2 ranks, loaded with world_size={world_size}",
+            expect_equal(f"step of a checkpoint saved at step 2 by 2 ranks, loaded with world_size={world_size}",
                          checkpoint["step"], expected)
 
 # --- resume_position ---------------------------------------------------------------------------
