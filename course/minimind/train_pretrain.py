@@ -25,6 +25,17 @@ from .model import MiniMindForCausalLM
 from .trainer_utils import Logger, get_lr, setup_seed
 
 
+def optimizer_update(model, optimizer, scaler, grad_clip):
+    """The block upstream writes twice (at each boundary and in the tail flush): unscale -> clip ->
+    step -> update -> zero_grad. Returns clip_grad_norm_'s pre-clip norm, which upstream discards."""
+    scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler, autocast_ctx,
                 args, save_checkpoint=None, trace=None):
     start_time = time.time()
@@ -46,11 +57,7 @@ def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler,
 
         grad_norm = None
         if step % args.accumulation_steps == 0:
-            scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = optimizer_update(model, optimizer, scaler, args.grad_clip)
         if trace is not None:
             trace.append({"step": step, "lr": lr, "loss": res.loss.detach() + res.aux_loss.detach(),
                           "aux_loss": res.aux_loss.detach(), "optimizer_step": grad_norm is not None,
@@ -72,11 +79,7 @@ def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler,
             save_checkpoint(epoch, step)
 
     if last_step > start_step and last_step % args.accumulation_steps != 0:
-        scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_update(model, optimizer, scaler, args.grad_clip)
         if trace is not None:
             trace[-1].update(optimizer_step=True, grad_norm=grad_norm, tail_flush=True)
 
