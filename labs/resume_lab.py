@@ -16,19 +16,16 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import matplotlib
-import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
 from course.checks.framework import REFERENCE_DIR, load_module  # noqa: E402
-from course.checks.lesson15 import resume_and_finish, save_objects, train_until  # noqa: E402
-from course.checks.tiny_runs import LoopScenario, _training_objects, run_oracle, run_oracle_epoch  # noqa: E402
-from course.checks.tiny_runs import tiny_batches  # noqa: E402
-from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler  # noqa: E402
+from course.checks.lesson15 import save_objects, train_until  # noqa: E402
+from course.checks.tiny_runs import LoopScenario, _training_objects  # noqa: E402
+from course.experiments.resume import draw_loss_curves, drift, resume_runs, upstream_file  # noqa: E402
 from course.minimind.trainer_utils import lm_checkpoint  # noqa: E402
 from trace_pretrain_step import positive_int  # noqa: E402 - labs/ is on sys.path when a lab runs
 
@@ -58,57 +55,10 @@ def parse_args(argv=None):
     return args
 
 
-def upstream_resume(scenario: LoopScenario):
-    """Upstream's resume as an 'implementation' for ``resume_and_finish``: lm_checkpoint + load_state_dict."""
-    def load_checkpoint(path, *, model, optimizer, scaler):
-        data = lm_checkpoint(model.config, save_dir=str(Path(path).parent))
-        model.load_state_dict(data["model"])  # fp16 values copied into fp32 parameters
-        optimizer.load_state_dict(data["optimizer"])
-        scaler.load_state_dict(data["scaler"])
-        return data
-    return SimpleNamespace(load_checkpoint=load_checkpoint, SkipBatchSampler=UpstreamSkipBatchSampler,
-                           resume_position=lambda data, iters: (data["epoch"], data["step"]))
-
-
-def without_adam_state():
-    """The reference resume, except the optimizer state is never loaded (weights-only resume)."""
-    return SimpleNamespace(SkipBatchSampler=REFERENCE.SkipBatchSampler, resume_position=REFERENCE.resume_position,
-                           load_checkpoint=lambda path, *, model, optimizer, scaler:
-                           REFERENCE.load_checkpoint(path, model=model, scaler=scaler))
-
-
-def upstream_file(tmp: Path, scenario: LoopScenario) -> Path:
-    return tmp / f"pretrain_{scenario.hidden_size}{'_moe' if scenario.use_moe else ''}_resume.pth"
-
-
-def drift(result, reference) -> float:
-    return max((result.params[n] - p).abs().max().item() for n, p in reference.params.items())
-
-
-def tail_save_run(scenario: LoopScenario, tmp: Path):
-    """Epoch 0 with upstream's save at step == iters (before the tail flush), then resume from that file."""
-    objects = _training_objects(scenario)
-    model, optimizer, scaler, _ = objects
-    save_dir = tmp / "tail"
-
-    def save(epoch, step):
-        lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=epoch, step=step,
-                      save_dir=str(save_dir), scaler=scaler)
-    batches = list(tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42))
-    run_oracle_epoch(scenario, objects, 0, batches, 0, save_checkpoint=save)
-    saved = torch.load(upstream_file(save_dir, scenario), map_location="cpu", weights_only=True)
-    updates_in_file = int(max(s["step"] for s in saved["optimizer"]["state"].values()))
-    updates_done = int(max(s["step"] for s in optimizer.state_dict()["state"].values()))
-    resumed = resume_and_finish(upstream_resume(scenario), scenario, upstream_file(save_dir, scenario))
-    return resumed, updates_in_file, updates_done
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     scenario = LoopScenario("resume lab", epochs=args.epochs, iters=args.iters, batch_size=args.batch_size,
                             accumulation_steps=args.accumulation_steps)
-    straight = run_oracle(scenario)
-    runs = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         objects, _ = train_until(scenario, args.stop_epoch, args.stop_step)
@@ -121,16 +71,13 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         REFERENCE.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2])
         load_s = time.perf_counter() - start
-        runs["exact (lesson 15 reference)"] = resume_and_finish(REFERENCE, scenario, path)
-        runs["AdamW moments dropped"] = resume_and_finish(without_adam_state(), scenario, path)
         model, optimizer, scaler, _ = objects
         lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=args.stop_epoch, step=args.stop_step,
                       save_dir=str(tmp), scaler=scaler)
         fp16_size = upstream_file(tmp, scenario).stat().st_size
-        runs["fp16 weights (upstream file)"] = resume_and_finish(upstream_resume(scenario), scenario,
-                                                                 upstream_file(tmp, scenario))
-        resumed, updates_in_file, updates_done = tail_save_run(scenario, tmp)
-        runs["saved before the tail flush (upstream)"] = resumed
+    runs = resume_runs(REFERENCE, scenario, args.stop_epoch, args.stop_step, "exact (lesson 15 reference)")
+    straight = runs["uninterrupted"]
+    updates_in_file, updates_done = runs["tail_updates"]
 
     params = sum(p.numel() for p in objects[0].parameters())
     print(f"tiny model: {params / 1e6:.3f} M parameters (hidden {scenario.hidden_size}, "
@@ -141,25 +88,12 @@ def main(argv=None) -> int:
     print(f"saved before the tail flush: AdamW updates in the file = {updates_in_file}, "
           f"done in memory = {updates_done}")
     final_loss = straight.records[-1]["loss"]
-    for name, result in runs.items():
+    for name, result in runs["resumed"].items():
         print(f"{name:<40} max |param - uninterrupted| = {drift(result, straight):.3e}, "
               f"final loss {result.records[-1]['loss']:.6f} (uninterrupted {final_loss:.6f})")
 
     fig, ax = plt.subplots(figsize=(9, 5))
-
-    def step_of(record):
-        return record["epoch"] * args.iters + record["step"]
-    ax.plot([step_of(r) for r in straight.records], [r["loss"] for r in straight.records], color="black",
-            linewidth=3, alpha=0.35, label="uninterrupted")
-    for (name, result), style in zip(runs.items(), ["-", "--", ":", "-."]):
-        ax.plot([step_of(r) for r in result.records], [r["loss"] for r in result.records], style,
-                label=f"resumed: {name}")
-    ax.axvline(args.stop_epoch * args.iters + args.stop_step, color="grey", linestyle=":",
-               label="interruption (update boundary)")
-    ax.set_xlabel("global micro-step (epoch * iters + step)")
-    ax.set_ylabel("training loss of the micro-batch")
-    ax.set_title("Interrupt and resume a tiny MiniMind run: exact resume vs upstream pitfalls")
-    ax.legend(fontsize=8)
+    draw_loss_curves(ax, runs, args.iters, args.stop_epoch * args.iters + args.stop_step)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
