@@ -92,8 +92,9 @@ def main(argv=None) -> int:
         print(f"{name:<40} max |param - uninterrupted| = {drift(result, straight):.3e}, "
               f"final loss {result.records[-1]['loss']:.6f} (uninterrupted {final_loss:.6f})")
 
-    fig, ax = plt.subplots(figsize=(9, 5))
-    draw_loss_curves(ax, runs, args.iters, args.stop_epoch * args.iters + args.stop_step)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), layout="constrained")
+    draw_loss_curves(*axes, runs, args.iters, args.stop_epoch * args.iters + args.stop_step)
+    fig.suptitle("Interrupt and resume a tiny MiniMind run: exact resume vs upstream pitfalls")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")

@@ -97,18 +97,26 @@ def resume_runs(impl, scenario: LoopScenario, stop_epoch: int, stop_step: int, e
             "tail_updates": (updates_in_file, updates_done)}
 
 
-def draw_loss_curves(ax, runs: dict, iters: int, interruption: int) -> None:
-    """Uninterrupted and resumed loss curves over the global micro-step on one axis."""
+def draw_loss_curves(curves_ax, gap_ax, runs: dict, iters: int, interruption: int) -> None:
+    """Left: uninterrupted and resumed loss curves over the global micro-step. Right: each resumed
+    curve minus the uninterrupted one (symlog: the exact resume's 0 stays visible next to 1e-5 gaps)."""
     def step_of(record):
         return record["epoch"] * iters + record["step"]
     straight = runs["uninterrupted"]
-    ax.plot([step_of(r) for r in straight.records], [r["loss"] for r in straight.records], color="black",
-            linewidth=3, alpha=0.35, label="uninterrupted")
+    expected = {step_of(r): r["loss"] for r in straight.records}
+    curves_ax.plot(list(expected), list(expected.values()), color="black", linewidth=3, alpha=0.35,
+                   label="uninterrupted")
     for (name, result), style in zip(runs["resumed"].items(), ["-", "--", ":", "-."]):
-        ax.plot([step_of(r) for r in result.records], [r["loss"] for r in result.records], style,
-                label=f"resumed: {name}")
-    ax.axvline(interruption, color="grey", linestyle=":", label="interruption (update boundary)")
-    ax.set_xlabel("global micro-step (epoch * iters + step)")
-    ax.set_ylabel("training loss of the micro-batch")
-    ax.set_title("Interrupt and resume a tiny MiniMind run: exact resume vs upstream pitfalls")
-    ax.legend(fontsize=8)
+        steps = [step_of(r) for r in result.records]
+        curves_ax.plot(steps, [r["loss"] for r in result.records], style, label=f"resumed: {name}")
+        gap_ax.plot(steps, [r["loss"] - expected[s] for s, r in zip(steps, result.records)], style, marker=".",
+                    label=name)
+    for ax in (curves_ax, gap_ax):
+        ax.axvline(interruption, color="grey", linestyle=":", label="interruption (update boundary)")
+        ax.set_xlabel("global micro-step (epoch * iters + step)")
+        ax.legend(fontsize=8)
+    gap_ax.set_yscale("symlog", linthresh=1e-6)
+    gap_ax.set_xlim(curves_ax.get_xlim())
+    curves_ax.set(ylabel="training loss of the micro-batch", title="Loss curves: resumed runs vs uninterrupted")
+    gap_ax.set(ylabel="resumed loss - uninterrupted loss (symlog)",
+               title="Difference from the uninterrupted run (exact resume: 0)")
