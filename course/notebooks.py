@@ -48,6 +48,8 @@ class LessonNotebook:
 
 NOTEBOOKS: dict[str, LessonNotebook] = {
     "14": LessonNotebook("14", "14_lr_grad_accum_amp"),
+    "15": LessonNotebook("15", "15_checkpoint_resume"),
+    "16": LessonNotebook("16", "16_token_weighted_training_session"),
 }
 
 
