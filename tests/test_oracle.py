@@ -177,3 +177,18 @@ def test_reference_matches_oracle_bitwise(scenario):
     for name, state in oracle.optimizer_state.items():
         for key, value in state.items():
             assert torch.equal(ref.optimizer_state[name][key], value), f"AdamW {key} of {name} differs"
+
+
+def test_injected_overflow_skips_the_step_and_halves_the_scale():
+    """The GradScaler scenario really exercises the scaler: an inf gradient in micro-step 6 (epoch 0's
+    tail window 5-6, K=4) makes the tail flush skip its update, and the scale drops from 2**16 to 2**15."""
+    scenario = next(s for s in AMP_SCENARIOS if s.overflow_at_backward)
+    clean = run_oracle(scenario.with_(overflow_at_backward=None))
+    hit = run_oracle(scenario)
+    expect_equal("scale without overflow (init 2**16, growth only after 2000 good steps)", clean.scale, 2.0 ** 16)
+    expect_equal("scale after one overflow (backoff 0.5)", hit.scale, 2.0 ** 15)
+    steps = {name: float(state["step"]) for name, state in hit.optimizer_state.items()}
+    updates = sum(r["optimizer_step"] for r in hit.records)
+    expect_equal("AdamW step count of every parameter (one update skipped)", set(steps.values()), {updates - 1.0})
+    overflow_record = next(r for r in hit.records if r["step"] == 6 and r["epoch"] == 0)
+    expect_equal("grad norm reported at the skipped update", overflow_record["grad_norm"], float("inf"))
