@@ -173,22 +173,29 @@ def submission(release, solved, extra_cells=()):
 
 HANG_CELL = "import time\ntime.sleep(3600)  # a student's endless loop"
 RAISE_CELL = "raise RuntimeError('a student cell that crashes')"
-TYPICAL_MISTAKE = next(m for m in MISTAKES if m.name == "clip_before_unscale")
+# One typical mistake per lesson, each caught by a hidden test only, so exactly one grade cell fails.
+TYPICAL_MISTAKES = {"14": "clip_before_unscale", "15": "non_atomic_write", "16": "clip_before_unscale"}
+# The hanging and the crashing student cell cost a cell timeout each run: lesson 14 carries them.
+BROKEN_CELLS_IN = "14"
 
 
-@pytest.mark.parametrize("notebook", [NOTEBOOKS["14"]], ids=lambda n: n.assignment)
+@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
 def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook, course_dir, tmp_path):
-    """Full marks, zero, and exactly one failing cell for a submission that also has a cell that
-    hangs and one that raises: grading goes on past both (one execution covers both cases)."""
+    """Full marks, zero, and exactly one failing cell for a submission with a typical mistake; in
+    lesson 14 that submission also has a cell that hangs and one that raises: grading goes on past
+    both (one execution covers both cases)."""
     from nbgrader.api import Gradebook
 
+    typical_mistake = next(m for m in MISTAKES
+                           if m.lesson == notebook.lesson_id and m.name == TYPICAL_MISTAKES[notebook.lesson_id])
+    broken_cells = [HANG_CELL, RAISE_CELL] if notebook.lesson_id == BROKEN_CELLS_IN else []
     release = read(notebook.release_path(course_dir))
     solved = read(notebook.source_path(course_dir))
-    mistaken = read(build_source(notebook, tmp_path, reference_source=TYPICAL_MISTAKE.source()))
+    mistaken = read(build_source(notebook, tmp_path, reference_source=typical_mistake.source()))
     students = {
         "reference": submission(release, solved),
         "untouched": release,
-        "mistake": submission(release, mistaken, [HANG_CELL, RAISE_CELL]),
+        "mistake": submission(release, mistaken, broken_cells),
     }
     for student, nb in students.items():
         path = course_dir / "submitted" / student / notebook.assignment / f"{notebook.assignment}.ipynb"
@@ -200,7 +207,7 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook,
     # The mistake breaks one check; the grade cell that runs it is the one that must score 0.
     failing = next(c.metadata["nbgrader"]["grade_id"] for c in solved.cells
                    if c.metadata.get("nbgrader", {}).get("grade")
-                   and TYPICAL_MISTAKE.caught_by in checks_called(c.source))
+                   and typical_mistake.caught_by in checks_called(c.source))
     expected = {
         "reference": points,
         "untouched": {cell: 0 for cell in points},
@@ -212,9 +219,9 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook,
             got = {g.name: g.score for g in graded.grades}
             assert got == want, f"{student}: scores per grade cell\n  ACTUAL:   {got}\n  EXPECTED: {want}"
     assert failing.startswith("hidden_"), "the typical mistake is meant to be caught by a hidden test"
-
-    broken = read(course_dir / "autograded" / "mistake" / notebook.assignment / f"{notebook.assignment}.ipynb")
-    errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
-              for c in broken.cells if c.cell_type == "code"}
-    assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
-        f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
+    if broken_cells:
+        broken = read(course_dir / "autograded" / "mistake" / notebook.assignment / f"{notebook.assignment}.ipynb")
+        errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
+                  for c in broken.cells if c.cell_type == "code"}
+        assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
+            f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
