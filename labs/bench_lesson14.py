@@ -35,9 +35,11 @@ def loop_ratio(repeats: int) -> tuple[float, float, float]:
     scenario = LoopScenario("bench", epochs=1, iters=40, batch_size=4, max_length=64)
     reference = load_impl(get_lesson("14"), "reference")
     oracle_t, ref_t = [], []
-    for _ in range(repeats):
-        for fn, bucket in ((lambda: run_oracle.__wrapped__(scenario), oracle_t),
-                           (lambda: run_impl(reference.train_one_epoch, scenario), ref_t)):
+    runs = [(lambda: run_oracle.__wrapped__(scenario), oracle_t),
+            (lambda: run_impl(reference.train_one_epoch, scenario), ref_t)]
+    runs[0][0]()  # warm-up: allocator and thread pool, not either loop's cost
+    for i in range(repeats):
+        for fn, bucket in runs[::-1] if i % 2 else runs:  # alternate who goes first
             start = time.perf_counter()
             fn()
             bucket.append(time.perf_counter() - start)
