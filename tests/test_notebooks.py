@@ -7,6 +7,8 @@ from which check a catalogued mistake is known to break, never from a grading ru
 from __future__ import annotations
 
 import ast
+import csv
+import getpass
 import subprocess
 import sys
 from pathlib import Path
@@ -219,9 +221,46 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook,
             got = {g.name: g.score for g in graded.grades}
             assert got == want, f"{student}: scores per grade cell\n  ACTUAL:   {got}\n  EXPECTED: {want}"
     assert failing.startswith("hidden_"), "the typical mistake is meant to be caught by a hidden test"
+
+    # The rest of the instructor's round (README): feedback per student, then grades.csv.
+    nbgrader(course_dir, "generate_feedback", notebook.assignment)
+    for student in students:
+        html = course_dir / "feedback" / student / notebook.assignment / f"{notebook.assignment}.html"
+        assert html.is_file() and html.stat().st_size > 0, f"no feedback for {student} at {html}"
+    nbgrader(course_dir, "export")
+    with open(course_dir / "grades.csv", newline="", encoding="utf-8") as handle:
+        exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)
+                    if row["assignment"] == notebook.assignment}
+    want = {student: float(sum(cells.values())) for student, cells in expected.items()}
+    assert exported == want, f"grades.csv totals\n  ACTUAL:   {exported}\n  EXPECTED: {want}"
     if broken_cells:
         broken = read(course_dir / "autograded" / "mistake" / notebook.assignment / f"{notebook.assignment}.ipynb")
         errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
                   for c in broken.cells if c.cell_type == "code"}
         assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
             f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
+
+
+def test_exchange_round_trip_release_fetch_submit_collect(course_dir, tmp_path):
+    """The README's hand-out and hand-in commands through a local nbgrader exchange directory:
+    release_assignment -> (student) fetch_assignment, submit -> collect lands in submitted/."""
+    notebook = ASSIGNMENT_NOTEBOOKS[0]
+    exchange = f"--Exchange.root={tmp_path / 'exchange'}"
+    (tmp_path / "exchange").mkdir()
+    nbgrader(course_dir, "release_assignment", notebook.assignment, exchange)
+    student_home = tmp_path / "student"
+    student_home.mkdir()
+    fetch = subprocess.run([sys.executable, "-m", "nbgrader", "fetch_assignment", notebook.assignment,
+                            "--course=minimind-course", exchange], cwd=student_home, capture_output=True,
+                           text=True, timeout=300)
+    assert fetch.returncode == 0, fetch.stdout + fetch.stderr
+    fetched = student_home / notebook.assignment / f"{notebook.assignment}.ipynb"
+    assert fetched.is_file(), f"fetch_assignment did not write {fetched}"
+    submit = subprocess.run([sys.executable, "-m", "nbgrader", "submit", notebook.assignment,
+                             "--course=minimind-course", exchange], cwd=student_home, capture_output=True,
+                            text=True, timeout=300)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    nbgrader(course_dir, "collect", notebook.assignment, exchange)
+    # The exchange names the submitter after the OS user; the autograde test's students are others.
+    collected = course_dir / "submitted" / getpass.getuser() / notebook.assignment / f"{notebook.assignment}.ipynb"
+    assert collected.is_file(), f"collect did not write {collected}"
