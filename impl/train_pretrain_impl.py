@@ -139,8 +139,10 @@ def main(argv=None) -> int:
                 log_records(records, epoch, args.epochs, iters, args.log_interval, time.time() - start)
                 begin = end
                 if args.save_interval and (end % args.save_interval == 0 or end == iters) or end == stop_step:
+                    # batch_size / accum_steps: a legacy (micro-batch) training state for lesson 16's trainer
                     ckpt.save_checkpoint(resume_file, model=model, optimizer=optimizer, scaler=scaler,
-                                         epoch=epoch, step=end, run_config=run_config(args))
+                                         epoch=epoch, step=end, run_config=run_config(args),
+                                         batch_size=args.batch_size, accum_steps=args.accumulation_steps)
                     Logger(f"saved resume checkpoint (epoch {epoch + 1}, step {end}/{iters}) to {resume_file}")
                 if end == stop_step:
                     Logger(f"stopped after {args.stop_after} micro-steps (--stop_after); continue with "
