@@ -7,12 +7,13 @@ trainer script, resume, DDP) test ``course.session`` directly.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from course.checks import get_lesson
-from course.checks.framework import FAIL, PASS, expect_equal, run_check
+from course.checks.framework import FAIL, PASS, expect_equal, load_module, run_check
 from course.checks.lesson16 import (GRAD_ATOL, GRAD_RTOL, SCENARIO, expect_same_tensors, global_batch_gradients,
                                     grads_of, masked_micro_batches, new_session, params_of, run_update)
 from course.checks.mistakes import catalogue
@@ -21,11 +22,12 @@ from course.minimind import TINY_CORPUS, PretrainDataset
 from course.reference.core import train_session as ref
 from course.reference.core.train_loop import cosine_lr
 from course.session import train_text
-from course.session.driver import (LossReadback, build_train_state, load_train_state, restore_train_state,
-                                   run_text_training, save_train_state)
+from course.reference.core.checkpoint import save_checkpoint
+from course.session.driver import LossReadback, load_train_state, run_text_training, save_train_state
 from course.session.text import collate, token_weighted_step
 from course.session_types import TrainingRunState
 
+ROOT = Path(__file__).resolve().parents[1]
 LESSON = get_lesson("16")
 
 ACCEPTANCE_MATRIX = {  # the note's §9 item -> the check that proves it for student and reference
@@ -143,7 +145,7 @@ def test_steps_per_epoch_and_the_short_tail_update():
 def test_max_steps_checkpoint_and_lr_count_updates():
     saved = []
     session, run, records = drive(small_dataset(20), epochs=2, max_steps=4, save_interval=2,
-                                  save_fn=lambda state: saved.append(state["global_step"]))
+                                  save_fn=lambda run_state: saved.append(run_state.global_step))
     expect_equal("global steps run with max_steps=4", [r["global_step"] for r in records], [1, 2, 3, 4])
     expect_equal("checkpoints at every 2nd UPDATE", saved, [2, 4])
     for r in records:
@@ -168,10 +170,9 @@ def test_resume_from_a_new_state_matches_the_straight_run(tmp_path):
     dataset = small_dataset(20)
     straight, _, _ = drive(dataset, epochs=2)
     first, run, _ = drive(dataset, epochs=2, max_steps=4)
-    path = save_train_state(build_train_state(first, run, global_batch_size=8, accum_steps=4), tmp_path / "s.pt")
+    path = save_train_state(tmp_path / "s.pt", first, run, global_batch_size=8, accum_steps=4)
     resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
-    run2, note = restore_train_state(load_train_state(path), resumed, global_batch_size=8, accum_steps=4,
-                                     sample_count=20, identity="")
+    run2, note = load_train_state(path, resumed, global_batch_size=8, accum_steps=4, sample_count=20, identity="")
     expect_equal("restored run state", (run2.epoch, run2.update_step_in_epoch, run2.global_step, resumed.optimizer_step),
                  (1, 1, 4, 4))
     run_text_training(resumed, dataset, run2, global_batch_size=8, accum_steps=4, epochs=2)
@@ -183,10 +184,12 @@ def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
     dataset = small_dataset(20)
     straight, _, _ = drive(dataset, epochs=1)
     one_update, _, _ = drive(dataset, epochs=1, max_steps=1)
-    legacy = {"epoch": 0, "step": 7, "batch_size": 2, "accum_steps": 4,   # saved mid-way through update 2
-              "model": one_update.model.state_dict(), "optimizer": one_update.optimizer.state_dict()}
+    # a lesson-15 checkpoint in micro-batch semantics, labelled as saved mid-way through update 2
+    save_checkpoint(tmp_path / "legacy.pt", model=one_update.model, optimizer=one_update.optimizer, scaler=None,
+                    epoch=0, step=7, batch_size=2, accum_steps=4)
     resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
-    run, note = restore_train_state(legacy, resumed, global_batch_size=8, accum_steps=4, sample_count=20, identity="")
+    run, note = load_train_state(tmp_path / "legacy.pt", resumed, global_batch_size=8, accum_steps=4, sample_count=20,
+                                 identity="")
     assert "boundary" in note, note
     expect_equal("legacy resume point", (run.epoch, run.update_step_in_epoch, run.sample_position, run.global_step),
                  (0, 1, 8, 1))
@@ -196,12 +199,12 @@ def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
                         params_of(straight.model))
 
 
-def test_restore_rejects_a_different_global_batch():
+def test_restore_rejects_a_different_global_batch(tmp_path):
     session, run, _ = drive(small_dataset(20), epochs=1, max_steps=1)
-    state = build_train_state(session, run, global_batch_size=8, accum_steps=4)
+    path = save_train_state(tmp_path / "s.pt", session, run, global_batch_size=8, accum_steps=4)
     with pytest.raises(ValueError, match="global_batch_size"):
-        restore_train_state(state, new_session(ref, 4), global_batch_size=4, accum_steps=4, sample_count=20,
-                            identity="")
+        load_train_state(path, new_session(ref, 4, optimizer_cls=torch.optim.AdamW), global_batch_size=4,
+                         accum_steps=4, sample_count=20, identity="")
 
 
 TRAINER_ARGS = ["--batch-size", "8", "--accum-steps", "4", "--hidden-size", "32", "--num-hidden-layers", "1",
@@ -214,19 +217,38 @@ def test_trainer_script_saves_and_resumes_own_and_legacy(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Epoch:[1/1](2/20), loss:" in out, out
     expect_equal("first run: global steps", [r["global_step"] for r in first], [1, 2])
-    state = load_train_state(tmp_path / "train_state.pt")
+    state = torch.load(tmp_path / "train_state.pt", weights_only=True)
     expect_equal("saved semantics and position", (state["batch_size_semantics"], state["global_batch_size"],
                                                    state["global_step"]), ("global", 8, 2))
     resumed = train_text.main(args + ["--max-steps", "3", "--resume", str(tmp_path / "train_state.pt")])
     expect_equal("resumed run: global steps", [r["global_step"] for r in resumed], [3])
     legacy = {"epoch": 0, "step": 5, "batch_size": 2, "accum_steps": 4, "model": state["model"],
-              "optimizer": state["optimizer"]}
+              "optimizer": state["optimizer"], "scaler": state["scaler"], "world_size": 1}
     torch.save(legacy, tmp_path / "legacy.pt")
     capsys.readouterr()
     from_legacy = train_text.main(args + ["--max-steps", "2", "--resume", str(tmp_path / "legacy.pt")])
     out = capsys.readouterr().out
     assert "legacy micro-batch semantics" in out and "update boundary" in out, out
     expect_equal("legacy resume: global steps", [r["global_step"] for r in from_legacy], [2])
+
+
+def test_trainer_resumes_a_lesson15_stage_assembly_checkpoint(tmp_path, capsys):
+    """The real legacy path: micro-batch 8 x accum 4, stopped after 8 micro-steps -> global 32, update 2."""
+    stage = load_module(ROOT / "impl" / "train_pretrain_impl.py", "test16_stage")
+    model_args = ["--hidden_size", "32", "--num_hidden_layers", "1", "--max_seq_len", "16"]
+    assert stage.main(["--impl", "reference", "--epochs", "1", "--batch_size", "8", "--accumulation_steps", "4",
+                       "--save_interval", "8", "--stop_after", "8", "--out_dir", str(tmp_path)] + model_args) == 0
+    capsys.readouterr()
+    records = train_text.main([a.replace("_", "-") for a in model_args] + [
+        "--batch-size", "32", "--accum-steps", "4", "--max-steps", "3", "--no-progress", "--log-interval", "1",
+        "--save-dir", str(tmp_path), "--resume", str(tmp_path / "pretrain_32_resume.pth")])
+    out = capsys.readouterr().out
+    assert "legacy micro-batch semantics" in out and "resumed at update 2 of epoch 0" in out, out
+    expect_equal("global steps after resuming the stage assembly", [r["global_step"] for r in records], [3])
+    state = torch.load(tmp_path / "train_state.pt", weights_only=True)
+    expect_equal("saved (semantics, global batch, epoch, step = updates, global step)",
+                 tuple(state[k] for k in ("batch_size_semantics", "global_batch_size", "epoch", "step", "global_step")),
+                 ("global", 32, 0, 3, 3))
 
 
 def test_trainer_rejects_a_global_batch_not_divisible_by_accum(capsys):

@@ -7,12 +7,13 @@ per micro-batch, ``force_update`` on the last one -> when the update closes: lr 
 checkpoint cadence and loss readback advance by one UPDATE step. ``max_steps``, ``global_step``
 and ``update_step_in_epoch`` all count updates.
 
-Checkpoints here are deliberately minimal (one ``torch.save`` dict, written atomically); lesson 15
-owns the full checkpoint format and the two can be unified later.
+Checkpoints are lesson 15's resume checkpoints (``save_checkpoint`` / ``load_checkpoint``: atomic,
+validated, ``weights_only``); the training state travels in their ``extra`` keys with
+``batch_size_semantics="global"``, so ``step`` counts UPDATES of the epoch. A checkpoint without
+``batch_size_semantics`` (e.g. from lesson 15's stage assembly) is a legacy state.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -20,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from course.reference.core import train_session as reference_impl
+from course.reference.core.checkpoint import load_checkpoint, save_checkpoint
 from course.reference.core.train_loop import cosine_lr
 from course.session_types import (GLOBAL_SEMANTICS, TrainingRunState, TrainingSessionState,
                                   TrainingStepOptions)
@@ -57,36 +59,32 @@ class LossReadback:
         return values
 
 
-def build_train_state(session, run: TrainingRunState, *, global_batch_size: int, accum_steps: int) -> dict:
-    """The serialized training state: run state + session state + model/optimizer/scaler, at an update boundary."""
+def save_train_state(path, session, run: TrainingRunState, *, global_batch_size: int, accum_steps: int) -> Path:
+    """Save run state + session state as a lesson-15 resume checkpoint, at an update boundary."""
     if session.microsteps_accumulated:
         raise ValueError(f"a training state is saved at an update boundary; microsteps_accumulated is "
                          f"{session.microsteps_accumulated}")
+    run_fields = {k: v for k, v in asdict(run).items() if k not in ("epoch", "update_step_in_epoch")}
     session_state = session.state()
-    return dict(asdict(run), batch_size_semantics=GLOBAL_SEMANTICS, global_batch_size=global_batch_size,
-                accum_steps=accum_steps, optimizer_step=session_state.optimizer_step, lr=session_state.lr,
-                model=session.model.state_dict(), optimizer=session.optimizer.state_dict(),
-                scaler=session.scaler.state_dict())
+    save_checkpoint(path, model=session.model, optimizer=session.optimizer, scaler=session.scaler,
+                    epoch=run.epoch, step=run.update_step_in_epoch, batch_size_semantics=GLOBAL_SEMANTICS,
+                    global_batch_size=global_batch_size, accum_steps=accum_steps,
+                    optimizer_step=session_state.optimizer_step, lr=session_state.lr, **run_fields)
+    return Path(path)
 
 
-def save_train_state(state: dict, path) -> Path:
-    """Write atomically: a crash mid-write leaves the previous checkpoint intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return path
+def load_train_state(path, session, *, global_batch_size: int, accum_steps: int, sample_count: int,
+                     identity: str, impl=reference_impl) -> tuple[TrainingRunState, str]:
+    """Resume ``session`` from a new or legacy checkpoint; returns the run state and a note on what was restored.
 
-
-def load_train_state(path) -> dict:
-    return torch.load(Path(path), map_location="cpu", weights_only=True)
-
-
-def restore_train_state(state: dict, session, *, global_batch_size: int, accum_steps: int, sample_count: int,
-                        identity: str, impl=reference_impl) -> tuple[TrainingRunState, str]:
-    """Load a new or legacy state into ``session``; returns the run state and a note on what was restored."""
-    state = impl.migrate_train_state(state)
+    ``load_checkpoint`` validates the file against model / optimizer / scaler before loading them; the
+    run checks below need the file's keys, so a mismatch raises after the weights are loaded (do not
+    train on with that session).
+    """
+    checkpoint = load_checkpoint(path, model=session.model, optimizer=session.optimizer, scaler=session.scaler)
+    if checkpoint.get("batch_size_semantics") is not None:   # a new state: ``step`` counts updates
+        checkpoint["update_step_in_epoch"] = checkpoint.pop("step")
+    state = impl.migrate_train_state(checkpoint)
     for key, wanted in (("global_batch_size", global_batch_size), ("accum_steps", accum_steps)):
         if state[key] != wanted:
             raise ValueError(f"{key} of the checkpoint is {state[key]}, the run asks for {wanted}: "
@@ -96,10 +94,6 @@ def restore_train_state(state: dict, session, *, global_batch_size: int, accum_s
                          f"this run reads {identity!r}")
     updates_per_epoch = impl.steps_per_epoch(sample_count, global_batch_size)
     global_step = state.get("global_step", state["epoch"] * updates_per_epoch + state["update_step_in_epoch"])
-    session.model.load_state_dict(state["model"])   # in place: the optimizer keeps its parameters
-    session.optimizer.load_state_dict(state["optimizer"])
-    if "scaler" in state:
-        session.scaler.load_state_dict(state["scaler"])
     session.load_state(TrainingSessionState(lr=state.get("lr", session.optimizer.param_groups[0]["lr"]),
                                             optimizer_step=state.get("optimizer_step", global_step),
                                             microsteps_accumulated=0, loss_sum=None, loss_units=0,
@@ -115,10 +109,13 @@ def restore_train_state(state: dict, session, *, global_batch_size: int, accum_s
 
 def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_size: int, accum_steps: int,
                       epochs: int, grad_clip: float = 1.0, max_steps: int = 0, save_interval: int = 0,
-                      save_fn: Optional[Callable[[dict], None]] = None, log_interval: int = 0,
+                      save_fn: Optional[Callable[[TrainingRunState], None]] = None, log_interval: int = 0,
                       log_fn: Optional[Callable[[dict], None]] = None, readback: Optional[LossReadback] = None,
                       step_fn=token_weighted_step, impl=reference_impl, on_update=None) -> list[dict]:
-    """Train from ``run`` (updated in place) until ``epochs`` or ``max_steps`` updates; one record per update."""
+    """Train from ``run`` (updated in place) until ``epochs`` or ``max_steps`` updates; one record per update.
+
+    ``save_fn(run)`` runs every ``save_interval`` updates, at an update boundary (e.g. ``save_train_state``).
+    """
     if epochs <= 0:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if max_steps < 0:
@@ -165,7 +162,7 @@ def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_s
                 if log_fn is not None:
                     log_fn(records[-1])
             if save_interval and run.global_step % save_interval == 0 and save_fn is not None:
-                save_fn(build_train_state(session, run, global_batch_size=global_batch_size, accum_steps=accum_steps))
+                save_fn(run)
         if run.update_step_in_epoch == updates_per_epoch:
             run.epoch, run.update_step_in_epoch, run.sample_position = run.epoch + 1, 0, 0
     flush_losses()

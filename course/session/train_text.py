@@ -2,8 +2,9 @@
 
 ``--batch-size`` is the GLOBAL batch (samples per optimizer update) and ``--accum-steps`` the
 micro-steps per update, so the micro-batch is ``batch_size / accum_steps`` (design note §2). The
-script saves ``train_state.pt`` (``batch_size_semantics="global"``) and resumes from it or from a
-legacy state (``batch_size`` = micro-batch, ``step`` = micro-steps), at the last update boundary.
+script saves ``train_state.pt``, a lesson-15 resume checkpoint carrying ``batch_size_semantics="global"``,
+and resumes from it or from a legacy one (``batch_size`` = micro-batch, ``step`` = micro-steps, e.g.
+``impl/train_pretrain_impl.py --save_interval``), at the last update boundary.
 
     python -m course.session.train_text --batch-size 8 --accum-steps 4 --epochs 1
     python -m course.session.train_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
@@ -22,8 +23,7 @@ from course.minimind import TINY_CORPUS, MiniMindConfig, MiniMindForCausalLM, Pr
 from course.reference.core.train_session import TrainingSession
 from course.session_types import TrainingRunState
 
-from .driver import (LossReadback, build_train_state, dataset_identity, load_train_state, restore_train_state, run_text_training,
-                     save_train_state)
+from .driver import LossReadback, dataset_identity, load_train_state, run_text_training, save_train_state
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-interval", type=int, default=5, help="log every N updates")
     parser.add_argument("--save-interval", type=int, default=0, help="also save every N updates (0 = only at the end)")
     parser.add_argument("--save-dir", default="out/lesson16")
-    parser.add_argument("--resume", default=None, help="a train_state.pt of this script, or a legacy state")
+    parser.add_argument("--resume", default=None, help="a train_state.pt of this script, or a legacy (micro-batch) lesson-15 checkpoint")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
@@ -68,14 +68,17 @@ def main(argv=None) -> list[dict]:
     identity = dataset_identity(dataset, Path(args.data_path).name)
     run = TrainingRunState(dataset_identity=identity, seed=args.seed, base_lr=args.learning_rate)
     if args.resume:
-        run, note = restore_train_state(load_train_state(args.resume), session, global_batch_size=args.batch_size,
-                                        accum_steps=args.accum_steps, sample_count=len(dataset), identity=identity)
+        run, note = load_train_state(args.resume, session, global_batch_size=args.batch_size,
+                                     accum_steps=args.accum_steps, sample_count=len(dataset), identity=identity)
         print(f"resume: {note}")
     micro = args.batch_size // args.accum_steps
     print(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M; global batch {args.batch_size} = "
           f"{args.accum_steps} micro-steps x {micro} samples; {len(dataset)} samples")
 
     save_path = Path(args.save_dir) / "train_state.pt"
+
+    def save(run_state):
+        save_train_state(save_path, session, run_state, global_batch_size=args.batch_size, accum_steps=args.accum_steps)
     start_time = time.time()
     progress = tqdm(total=args.max_steps or None, initial=run.global_step, unit="update", disable=args.no_progress)
 
@@ -92,12 +95,11 @@ def main(argv=None) -> list[dict]:
 
     records = run_text_training(session, dataset, run, global_batch_size=args.batch_size, accum_steps=args.accum_steps,
                                 epochs=args.epochs, grad_clip=args.grad_clip, max_steps=args.max_steps,
-                                save_interval=args.save_interval, save_fn=lambda s: save_train_state(s, save_path),
+                                save_interval=args.save_interval, save_fn=save,
                                 log_interval=args.log_interval, log_fn=log, readback=LossReadback(),
                                 on_update=advance)
     progress.close()
-    save_train_state(build_train_state(session, run, global_batch_size=args.batch_size, accum_steps=args.accum_steps),
-                     save_path)
+    save(run)
     print(f"saved {save_path} at update {run.global_step} (epoch {run.epoch}, update {run.update_step_in_epoch} "
           f"in epoch, optimizer steps {session.optimizer_step})")
     return records
