@@ -9,8 +9,8 @@ State split (design note §6):
   numerators of the update in progress, and whether that accumulation is still valid.
 * ``TrainingRunState`` - what the run driver owns: epoch, update step in the epoch, sample
   position, dataset identity and the lr schedule recipe.
-* the serialized training state - a plain dict assembled from both (plus model / optimizer /
-  scaler ``state_dict``s) that carries ``batch_size_semantics = "global"``.
+* the serialized training state - a lesson-15 resume checkpoint (model / optimizer / scaler,
+  ``epoch``, ``step``) whose extra keys hold both and ``batch_size_semantics = "global"``.
 """
 from __future__ import annotations
 
