@@ -1,6 +1,6 @@
 """Lesson 16 lab: token-weighted accumulation under DDP equals the single-process global batch.
 
-    torchrun --nproc_per_node 2 labs/ddp_token_weighted.py
+    torchrun --standalone --nproc_per_node 2 labs/ddp_token_weighted.py
 
 Two gloo processes on the CPU each train half of one global batch (micro-batches with 29, 10, 2
 and 1 valid targets) through ``TrainingSession``. Rank 0 compares the all-reduced gradients with
