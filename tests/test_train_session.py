@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from course.checks import get_lesson
-from course.checks.framework import FAIL, PASS, expect_equal, load_module, run_check
-from course.checks.lesson16 import (GRAD_ATOL, GRAD_RTOL, SCENARIO, expect_same_tensors, global_batch_gradients,
+from course.checks.framework import FAIL, PASS, expect_equal, expect_tensors_close, load_module, run_check
+from course.checks.lesson16 import (GRAD_ATOL, GRAD_RTOL, SCENARIO, global_batch_gradients,
                                     grads_of, masked_micro_batches, new_session, params_of, run_update)
 from course.checks.mistakes import catalogue
 from course.checks.tiny_runs import tiny_batches
@@ -93,8 +93,8 @@ def test_unequal_micro_token_counts_give_the_global_batch_gradient():
     session = new_session(ref, 4)
     captured: dict = {}
     run_update(session, batches, before_update=lambda: captured.update(grads_of(session.model)) or False)
-    expect_same_tensors(f"token-weighted gradient, micro units {units}", captured, expected,
-                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_tensors_close(f"token-weighted gradient, micro units {units}", captured, expected,
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 def test_a_micro_batch_without_valid_tokens_contributes_nothing():
@@ -104,8 +104,8 @@ def test_a_micro_batch_without_valid_tokens_contributes_nothing():
     session = new_session(ref, 3)
     captured: dict = {}
     run_update(session, batches, before_update=lambda: captured.update(grads_of(session.model)) or False)
-    expect_same_tensors("gradient with an all-masked 3rd micro-batch", captured, expected,
-                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_tensors_close("gradient with an all-masked 3rd micro-batch", captured, expected,
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 # --- integration: the run driver counts UPDATES ----------------------------------------------
@@ -176,8 +176,8 @@ def test_resume_from_a_new_state_matches_the_straight_run(tmp_path):
     expect_equal("restored run state", (run2.epoch, run2.update_step_in_epoch, run2.global_step, resumed.optimizer_step),
                  (1, 1, 4, 4))
     run_text_training(resumed, dataset, run2, global_batch_size=8, accum_steps=4, epochs=2)
-    expect_same_tensors("parameters: resumed run vs straight run (bitwise, same process)",
-                        params_of(resumed.model), params_of(straight.model))
+    expect_tensors_close("parameters: resumed run vs straight run (bitwise, same process)",
+                         params_of(resumed.model), params_of(straight.model), rtol=0.0, atol=0.0)
 
 
 def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
@@ -195,8 +195,8 @@ def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
                  (0, 1, 8, 1))
     run.base_lr = 1e-3
     run_text_training(resumed, dataset, run, global_batch_size=8, accum_steps=4, epochs=1)
-    expect_same_tensors("parameters: legacy resume vs straight run", params_of(resumed.model),
-                        params_of(straight.model))
+    expect_tensors_close("parameters: legacy resume vs straight run", params_of(resumed.model),
+                         params_of(straight.model), rtol=0.0, atol=0.0)
 
 
 def test_restore_rejects_a_different_global_batch(tmp_path):
@@ -296,8 +296,8 @@ def test_ddp_gradients_equal_the_single_process_global_batch():
     ranks = spawn_ddp_update(2)
     expected, _, _ = global_batch_gradients(masked_micro_batches())
     for rank, result in enumerate(ranks):
-        expect_same_tensors(f"rank {rank}: token-weighted DDP gradient vs single-process global batch",
-                            result["token_weighted"], expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+        expect_tensors_close(f"rank {rank}: token-weighted DDP gradient vs single-process global batch",
+                             result["token_weighted"], expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
     worst = max(float((ranks[0]["naive_mean"][n] - g).abs().max()) for n, g in expected.items())
     assert worst > 1e-2, f"naive loss/K under DDP should differ from the global batch: max |diff| {worst:.3e}"
 

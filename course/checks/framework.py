@@ -188,6 +188,15 @@ def expect_tensor_close(what: str, actual, expected, *, rtol: float, atol: float
              f"max |diff| = {float(diff.nan_to_num(nan=math.inf).max()):.3e} (rtol={rtol:g}, atol={atol:g})")
 
 
+def expect_tensors_close(what: str, actual: dict, expected: dict, *, rtol: float, atol: float) -> None:
+    """Every named tensor of ``expected`` (a state_dict, parameters, gradients) against ``actual``."""
+    missing = sorted(set(expected) - set(actual))
+    if missing:
+        fail(f"{what}: tensors missing", sorted(actual), f"also {missing}")
+    for name, want in expected.items():
+        expect_tensor_close(f"{what}: {name}", actual[name], want, rtol=rtol, atol=atol)
+
+
 def expect_raises(what: str, fn, exc_type, must_mention: str) -> None:
     """``fn()`` must raise ``exc_type`` whose message names ``must_mention`` (the bad argument)."""
     try:

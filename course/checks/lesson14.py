@@ -10,7 +10,7 @@ import torch
 from course.minimind import get_lr
 
 from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises,
-                        expect_tensor_close, fail)
+                        expect_tensor_close, expect_tensors_close, fail)
 from .tiny_runs import LoopScenario, epoch_batches, run_impl, run_oracle, tiny_model
 
 LESSON = Lesson(
@@ -177,9 +177,8 @@ def compare_runs(scenario: LoopScenario, actual, expected) -> None:
                      rtol=NORM_RTOL)
     if expected.scale is not None:
         expect_equal(f"{where} GradScaler scale after the run", actual.scale, expected.scale)
-    for name, want in expected.params.items():
-        expect_tensor_close(f"{where} parameter {name} after training", actual.params[name], want,
-                            rtol=0.0, atol=PARAM_ATOL)
+    expect_tensors_close(f"{where} parameters after training", actual.params, expected.params,
+                         rtol=0.0, atol=PARAM_ATOL)
     expect_equal(f"{where} parameters with optimizer state", sorted(actual.optimizer_state),
                  sorted(expected.optimizer_state))
     for name, state in expected.optimizer_state.items():

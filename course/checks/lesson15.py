@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
 
-from .framework import Exercise, Lesson, expect_equal, expect_raises, expect_tensor_close, fail
+from .framework import (Exercise, Lesson, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close,
+                        fail)
 from .tiny_runs import (LoopScenario, RunResult, _result, _training_objects, run_oracle, run_oracle_epoch,
                         tiny_batches)
 
@@ -102,8 +103,7 @@ def compare_resumed(where: str, records_before, resumed: RunResult, uninterrupte
     for got, want in zip(records_before + resumed.records, uninterrupted.records):
         expect_equal(f"{where} record of epoch {want['epoch']} step {want['step']}", got, want)
     expect_equal(f"{where} GradScaler scale at the end", resumed.scale, uninterrupted.scale)
-    for name, want in uninterrupted.params.items():
-        expect_tensor_close(f"{where} parameter {name}", resumed.params[name], want, rtol=0.0, atol=0.0)
+    expect_tensors_close(f"{where} parameters", resumed.params, uninterrupted.params, rtol=0.0, atol=0.0)
     for name, state in uninterrupted.optimizer_state.items():
         for key, want in state.items():
             got = resumed.optimizer_state.get(name, {}).get(key)
@@ -277,8 +277,7 @@ def load_checkpoint_restores_everything(impl):
     expect_equal("(epoch, step, batch_size_semantics) returned",
                  (checkpoint["epoch"], checkpoint["step"], checkpoint.get("batch_size_semantics")),
                  (stop_epoch, stop_step, "micro_batch"))
-    for name, want in model.state_dict().items():
-        expect_tensor_close(f"restored model.{name}", fresh_model.state_dict()[name], want, rtol=0.0, atol=0.0)
+    expect_tensors_close("restored model", fresh_model.state_dict(), model.state_dict(), rtol=0.0, atol=0.0)
     expect_optimizer_state_equal("restored optimizer", fresh_optimizer.state_dict(), optimizer.state_dict())
     expect_equal("restored GradScaler state", fresh_scaler.state_dict(), scaler.state_dict())
 
@@ -292,9 +291,8 @@ def expect_untouched(what: str, before, objects) -> None:
     """Nothing partially loaded: model, optimizer and scaler are exactly as before the failed load."""
     model_before, optimizer_before, scaler_before = before
     model, optimizer, scaler, _ = objects
-    for name, want in model_before.items():
-        expect_tensor_close(f"{what}: model.{name} after the refused load", model.state_dict()[name], want,
-                            rtol=0.0, atol=0.0)
+    expect_tensors_close(f"{what}: model after the refused load", model.state_dict(), model_before,
+                         rtol=0.0, atol=0.0)
     expect_optimizer_state_equal(f"{what}: optimizer after the refused load", optimizer.state_dict(), optimizer_before)
     expect_equal(f"{what}: GradScaler after the refused load", scaler.state_dict(), scaler_before)
 

@@ -17,7 +17,8 @@ from course.session.driver import run_text_training
 from course.session.text import TextBatch, collate, token_nll_sum, token_weighted_step
 from course.session_types import GLOBAL_SEMANTICS, TrainingRunState, TrainingStepOptions, TrainingStepReport
 
-from .framework import Exercise, Lesson, expect_close, expect_equal, expect_raises, expect_tensor_close, fail
+from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises, expect_tensors_close,
+                        fail)
 from .tiny_runs import LoopScenario, tiny_batches, tiny_model
 
 LESSON = Lesson(
@@ -148,11 +149,6 @@ def grads_of(model) -> dict:
             model.named_parameters()}
 
 
-def expect_same_tensors(what: str, actual: dict, expected: dict, *, rtol=0.0, atol=0.0) -> None:
-    for name, want in expected.items():
-        expect_tensor_close(f"{what}: {name}", actual[name], want, rtol=rtol, atol=atol)
-
-
 def run_update(session, batches, *, clip=0.0, units=None, step_fn=token_weighted_step,
                **hooks) -> list[TrainingStepReport]:
     """Drive one update the way the run driver does; returns the report of each micro-step."""
@@ -185,7 +181,8 @@ def session_two_microsteps_one_optimizer_step(impl):
     expect_equal("first micro-step (K=2): (parameters_updated, optimizer_step, microsteps_accumulated)",
                  (first.parameters_updated, first.optimizer_step, first.microsteps_accumulated), (False, 0, 1))
     expect_equal("optimizer.step calls after micro-step 1 of 2", len(steps), 0)
-    expect_same_tensors("parameters before the update boundary", params_of(session.model), before)
+    expect_tensors_close("parameters before the update boundary", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
     second = session.train_step(batches[1], TrainingStepOptions(normalization_units=units), token_weighted_step)
     expect_equal("second micro-step (K=2): (parameters_updated, optimizer_step, microsteps_accumulated)",
                  (second.parameters_updated, second.optimizer_step, second.microsteps_accumulated), (True, 1, 2))
@@ -219,8 +216,8 @@ def session_global_normalization_matches_one_backward(impl):
     reports = run_update(session, batches, before_update=capture_grads(session, captured))
     if not captured:
         fail("before_update hook at the update boundary", "never called", "called once before the step")
-    expect_same_tensors("accumulated gradient vs one global-batch backward", captured, expected,
-                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_tensors_close("accumulated gradient vs one global-batch backward", captured, expected,
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL)
     last = reports[-1]
     expect_equal("loss_units reported at the boundary", last.loss_units, units)
     if not torch.is_tensor(last.loss_sum):
@@ -250,7 +247,8 @@ def session_rejects_zero_normalization_units(impl):
     expect_raises("train_step(..., normalization_units=0)",
                   lambda: session.train_step(batch, TrainingStepOptions(normalization_units=0, force_update=True),
                                              token_weighted_step), ValueError, "normalization_units")
-    expect_same_tensors("parameters after a rejected update", params_of(session.model), before)
+    expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
     expect_equal("optimizer_step after a rejected update", session.optimizer_step, 0)
     expect_raises("TrainingSession(grad_accum_steps=0)", lambda: new_session(impl, 0), ValueError, "grad_accum_steps")
 
@@ -274,12 +272,13 @@ def session_abort_discards_the_update(impl):
     reports = run_update(session, batches[:2], before_update=lambda: True)
     expect_equal("aborted update: (parameters_updated, aborted, optimizer_step)",
                  (reports[-1].parameters_updated, reports[-1].aborted, session.optimizer_step), (False, True, 0))
-    expect_same_tensors("parameters after an aborted update", params_of(session.model), before)
+    expect_tensors_close("parameters after an aborted update", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
     captured: dict = {}
     run_update(session, batches[2:], before_update=capture_grads(session, captured))
     expected, _, _ = global_batch_gradients(batches[2:])
-    expect_same_tensors("gradient of the update after an abort (must not contain the aborted one)", captured,
-                        expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_tensors_close("gradient of the update after an abort (must not contain the aborted one)", captured,
+                         expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 @check("TrainingSession")
@@ -306,8 +305,8 @@ def session_error_invalidates_the_accumulation(impl):
     captured: dict = {}
     run_update(session, batches[2:], before_update=capture_grads(session, captured))
     expected, _, _ = global_batch_gradients(batches[2:])
-    expect_same_tensors("gradient of the first update after reset_accumulation()", captured, expected,
-                        rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_tensors_close("gradient of the first update after reset_accumulation()", captured, expected,
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 @check("TrainingSession")
@@ -417,7 +416,8 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
     expect_equal("update with an inf gradient: (parameters_updated, overflow_skipped, optimizer_step)",
                  (report.parameters_updated, report.overflow_skipped, session.optimizer_step), (False, True, 1))
     expect_equal("GradScaler scale after the overflow", scaler.get_scale(), 2.0 ** 9)
-    expect_same_tensors("parameters after a skipped step", params_of(session.model), before)
+    expect_tensors_close("parameters after a skipped step", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
     report = run_update(session, batches, clip=0.01)[-1]
     expect_equal("update after the overflow: (parameters_updated, optimizer_step)",
                  (report.parameters_updated, session.optimizer_step), (True, 2))
