@@ -22,7 +22,7 @@ from course.checks import get_lesson
 from course.checks.framework import REFERENCE_DIR, expect_equal, load_module
 from course.checks.lesson15 import (BASE, RESUME_FP32, RESUME_SCALER, compare_resumed, resume_and_finish,
                                     save_objects, train_until)
-from course.checks.tiny_runs import RunResult, _training_objects, run_oracle, run_oracle_epoch, tiny_batches
+from course.checks.tiny_runs import RunResult, _training_objects, full_epoch_batches, run_oracle, run_oracle_epoch
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.train_pretrain import build_training
 from course.minimind.trainer_utils import lm_checkpoint
@@ -99,7 +99,7 @@ class Interrupted(Exception):
 def interrupted_mid_window(scenario, stop_after: int):
     """Oracle training of epoch 0 killed right after micro-step ``stop_after``'s backward (before any flush)."""
     objects = _training_objects(scenario)
-    batches = tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42)
+    batches = full_epoch_batches(scenario, 0)
 
     def loader():
         yield from batches[:stop_after]

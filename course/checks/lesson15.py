@@ -20,8 +20,8 @@ from course.minimind.trainer_utils import lm_checkpoint
 
 from .framework import (Exercise, Lesson, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close,
                         fail)
-from .tiny_runs import (LoopScenario, RunResult, _result, _training_objects, run_oracle, run_oracle_epoch,
-                        tiny_batches)
+from .tiny_runs import (LoopScenario, RunResult, _result, _training_objects, full_epoch_batches, run_oracle,
+                        run_oracle_epoch)
 
 LESSON = Lesson(
     lesson_id="15",
@@ -60,8 +60,7 @@ class NotATensor:
 
 def sample_dataset(scenario: LoopScenario, epoch: int) -> list:
     """The epoch's micro-batches as single samples, so a batch sampler over ``range(len)`` rebuilds them."""
-    batches = tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42 + epoch)
-    return [(x[j], y[j]) for x, y in batches for j in range(len(x))]
+    return [(x[j], y[j]) for x, y in full_epoch_batches(scenario, epoch) for j in range(len(x))]
 
 
 def train_until(scenario: LoopScenario, stop_epoch: int, stop_step: int):
@@ -69,9 +68,8 @@ def train_until(scenario: LoopScenario, stop_epoch: int, stop_step: int):
     objects = _training_objects(scenario)
     records = []
     for epoch in range(stop_epoch + 1):
-        batches = tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42 + epoch)
         stop = stop_step if epoch == stop_epoch else scenario.iters
-        records += run_oracle_epoch(scenario, objects, epoch, list(batches[:stop]), 0)
+        records += run_oracle_epoch(scenario, objects, epoch, list(full_epoch_batches(scenario, epoch)[:stop]), 0)
     return objects, records
 
 
@@ -240,7 +238,7 @@ def save_checkpoint_refuses_pending_gradients(impl):
     """Mid-accumulation (gradients accumulated, no optimizer step yet) a save raises ValueError."""
     objects, _ = train_until(BASE, 0, 2)
     model = objects[0]
-    input_ids, labels = tiny_batches(BASE.batch_size, BASE.max_length, BASE.iters, seed=42)[2]
+    input_ids, labels = full_epoch_batches(BASE, 0)[2]
     model(input_ids, labels=labels).loss.backward()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"

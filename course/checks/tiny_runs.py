@@ -74,8 +74,14 @@ def tiny_batches(batch_size: int, max_length: int, count: int, seed: int) -> tup
     return tuple(batches)
 
 
+def full_epoch_batches(scenario: LoopScenario, epoch: int) -> tuple:
+    """All ``iters`` micro-batches of ``epoch``, in that epoch's order (seed 42 + epoch, like upstream)."""
+    return tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42 + epoch)
+
+
 def epoch_batches(scenario: LoopScenario, epoch: int) -> list:
-    batches = tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42 + epoch)
+    """What the loop sees in ``epoch``: the full epoch minus the batches a resume already trained."""
+    batches = full_epoch_batches(scenario, epoch)
     skip = scenario.start_step if epoch == scenario.start_epoch else 0
     return list(batches[skip:])
 

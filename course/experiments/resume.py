@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import torch
 
 from course.checks.lesson15 import resume_and_finish, save_objects, train_until
-from course.checks.tiny_runs import LoopScenario, _training_objects, run_oracle, run_oracle_epoch, tiny_batches
+from course.checks.tiny_runs import (LoopScenario, _training_objects, full_epoch_batches, run_oracle,
+                                     run_oracle_epoch)
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
 
@@ -60,7 +61,7 @@ def tail_save_run(scenario: LoopScenario, folder: Path):
     def save(epoch, step):
         lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=epoch, step=step,
                       save_dir=str(save_dir), scaler=scaler)
-    batches = list(tiny_batches(scenario.batch_size, scenario.max_length, scenario.iters, seed=42))
+    batches = list(full_epoch_batches(scenario, 0))
     run_oracle_epoch(scenario, objects, 0, batches, 0, save_checkpoint=save)
     saved = torch.load(upstream_file(save_dir, scenario), map_location="cpu", weights_only=True)
     updates_in_file = int(max(s["step"] for s in saved["optimizer"]["state"].values()))
