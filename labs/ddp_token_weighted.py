@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.distributed as dist
 
 from course.checks.lesson16 import global_batch_gradients, masked_micro_batches
-from course.session.ddp import ddp_update_gradients
+from course.session.ddp import ddp_update_gradients, gloo_process_group
 
 
 def flat(grads: dict) -> torch.Tensor:
@@ -25,9 +24,7 @@ def flat(grads: dict) -> torch.Tensor:
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
+    with gloo_process_group() as (rank, world_size):
         results = ddp_update_gradients(rank, world_size)
         if rank == 0:
             expected = flat(global_batch_gradients(masked_micro_batches())[0])
@@ -37,8 +34,6 @@ def main(argv=None) -> int:
                 cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
                 print(f"{name:>15}: max |grad diff| = {float((got - expected).abs().max()):.3e}, "
                       f"cosine = {cosine:.6f}")
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

@@ -6,7 +6,9 @@ trainer script, resume, DDP) test ``course.session`` directly.
 """
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from pathlib import Path
 
 import pytest
@@ -301,6 +303,24 @@ def test_ddp_gradients_equal_the_single_process_global_batch():
     worst = max(float((ranks[0]["naive_mean"][n] - g).abs().max()) for n, g in expected.items())
     assert worst > 1e-2, f"naive loss/K under DDP should differ from the global batch: max |diff| {worst:.3e}"
 
+
+
+@pytest.mark.ddp
+def test_gloo_process_group_frees_ddp_objects_before_teardown():
+    # DDP sits in reference cycles; if only interpreter shutdown frees it, the gloo teardown
+    # aborts now and then (SIGABRT, seen in CI), so the context manager must collect first.
+    from torch.nn.parallel import DistributedDataParallel
+    from course.session.ddp import free_port, gloo_process_group
+    collector_was_enabled = gc.isenabled()
+    gc.disable()   # keep the automatic collector from doing the context manager's job
+    try:
+        with gloo_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1):
+            ddp = weakref.ref(DistributedDataParallel(torch.nn.Linear(2, 2)))
+            assert ddp() is not None, "DDP should outlive its last strong reference (reference cycle)"
+        assert ddp() is None, "ACTUAL: DDP object alive after gloo_process_group; EXPECTED: freed before destroy"
+    finally:
+        if collector_was_enabled:
+            gc.enable()
 
 # --- the mistake catalogue ------------------------------------------------------------------
 

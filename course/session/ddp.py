@@ -14,9 +14,11 @@ The demonstration update is lesson 16's check fixture: 4 micro-batches of 2 samp
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,7 +74,24 @@ def ddp_update_gradients(rank: int, world_size: int) -> dict[str, dict[str, torc
     return results
 
 
-def _free_port() -> int:
+@contextmanager
+def gloo_process_group(**init_kwargs):
+    """Join the gloo process group for the block; free every DDP object before leaving it.
+
+    ``DistributedDataParallel`` sits in reference cycles, so its reducer (which holds the process
+    group) outlives the function that built it until the cycle collector runs. Left to interpreter
+    shutdown, that teardown aborts now and then (``terminate called without an active exception``,
+    SIGABRT); collecting while the interpreter is alive, then destroying the group, does not.
+    """
+    dist.init_process_group("gloo", **init_kwargs)
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -81,15 +100,12 @@ def _free_port() -> int:
 def _spawned_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
+    with gloo_process_group(rank=rank, world_size=world_size):
         torch.save(ddp_update_gradients(rank, world_size), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def spawn_ddp_update(world_size: int = 2) -> list[dict]:
     """Run ``ddp_update_gradients`` in ``world_size`` spawned gloo processes; each rank's result."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_spawned_rank, args=(world_size, _free_port(), out_dir), nprocs=world_size, join=True)
+        mp.spawn(_spawned_rank, args=(world_size, free_port(), out_dir), nprocs=world_size, join=True)
         return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
