@@ -3,7 +3,7 @@
     python impl/train_pretrain_impl.py                          # uses YOUR impl/core/train_loop.py
     python impl/train_pretrain_impl.py --impl reference --epochs 1
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
-    python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_64_resume.pth
+    python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_48_resume.pth
 
 This file is glue, not an exercise: it runs as soon as impl/core/train_loop.py is filled in.
 """
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from course.checks import get_lesson, load_impl
-from course.minimind import TINY_CORPUS, PretrainDataset
+from course.minimind import TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
 from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_training
 from course.minimind.trainer_utils import Logger, setup_seed
@@ -34,8 +34,8 @@ def parse_args(argv=None):
     # Upstream's flags, with defaults small enough for the built-in corpus on a CPU.
     parser = oracle_parser()
     parser.description = __doc__.splitlines()[0]
-    parser.set_defaults(epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, hidden_size=64,
-                        num_hidden_layers=2, max_seq_len=64, data_path=str(TINY_CORPUS), save_interval=0)
+    parser.set_defaults(epochs=2, batch_size=8, accumulation_steps=4, log_interval=5,
+                        hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, max_seq_len=64, data_path=str(TINY_CORPUS), save_interval=0)
     parser.add_argument("--impl", choices=["student", "reference"], default="student",
                         help="whose train_one_epoch to run (default: yours, impl/core/train_loop.py)")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))

@@ -15,7 +15,8 @@ import math
 import torch
 from torch.utils.data import DataLoader
 
-from course.minimind import TINY_CORPUS, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, get_lr, setup_seed
+from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
+                             MiniMindForCausalLM, PretrainDataset, get_lr, setup_seed)
 
 
 def positive_int(text: str) -> int:
@@ -29,8 +30,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch_size", type=positive_int, default=2)
     parser.add_argument("--max_length", type=positive_int, default=48)
-    parser.add_argument("--hidden_size", type=positive_int, default=64)
-    parser.add_argument("--num_hidden_layers", type=positive_int, default=2)
+    parser.add_argument("--hidden_size", type=positive_int, default=TINY_HIDDEN_SIZE)
+    parser.add_argument("--num_hidden_layers", type=positive_int, default=TINY_NUM_HIDDEN_LAYERS)
     parser.add_argument("--use_moe", action="store_true", help="4 experts, top-1: aux_loss > 0")
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--grad_clip", type=float, default=1.0)

@@ -22,7 +22,7 @@ from course.checks import get_lesson
 from course.checks.framework import REFERENCE_DIR, expect_equal, load_module
 from course.checks.lesson15 import (BASE, RESUME_FP32, RESUME_SCALER, compare_resumed, resume_and_finish,
                                     save_objects, train_until)
-from course.checks.tiny_runs import RunResult, _training_objects, full_epoch_batches, run_oracle, run_oracle_epoch
+from course.checks.tiny_runs import LoopScenario, RunResult, _training_objects, full_epoch_batches, run_oracle, run_oracle_epoch
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.train_pretrain import build_training
 from course.minimind.trainer_utils import lm_checkpoint
@@ -66,7 +66,7 @@ def test_upstream_oracle_sampler_and_checkpoint(tmp_path, monkeypatch):
     model, optimizer, scaler, _ = _training_objects(BASE)
     lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=0, step=6, save_dir=str(tmp_path),
                   scaler=scaler)
-    expect_equal("files written", sorted(p.name for p in tmp_path.iterdir()), ["pretrain_64.pth", "pretrain_64_resume.pth"])
+    expect_equal("files written", sorted(p.name for p in tmp_path.iterdir()), ["pretrain_48.pth", "pretrain_48_resume.pth"])
     monkeypatch.setattr("course.minimind.trainer_utils.current_world_size", lambda: 3)
     data = lm_checkpoint(model.config, save_dir=str(tmp_path))
     expect_equal("dtype of the resume file's weights", data["model"]["lm_head.weight"].dtype, torch.float16)
@@ -173,7 +173,7 @@ def test_stage_assembly_resume_continues_exactly(tmp_path, capsys):
     """--stop_after 4 then --resume: progress restarts at 4/10 and the final weights equal a straight run."""
     interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
     assert train_pretrain_impl.main(STAGE + ["--stop_after", "4", "--out_dir", str(interrupted)]) == 0
-    resume_file = interrupted / "pretrain_64_resume.pth"
+    resume_file = interrupted / "pretrain_48_resume.pth"
     assert "stopped after 4 micro-steps" in capsys.readouterr().out
     assert train_pretrain_impl.main(STAGE + ["--resume", str(resume_file), "--out_dir", str(interrupted)]) == 0
     out = capsys.readouterr().out
@@ -181,15 +181,15 @@ def test_stage_assembly_resume_continues_exactly(tmp_path, capsys):
     assert " 4/10 [" in out, f"the progress bar should start at the resumed position:\n{out[-2000:]}"
     assert "Epoch:[1/1](5/10)" in out and "(4/10), loss" not in out, out[-2000:]
     assert train_pretrain_impl.main(STAGE + ["--out_dir", str(straight)]) == 0
-    resumed = torch.load(interrupted / "pretrain_64.pth", weights_only=True)
-    for name, value in torch.load(straight / "pretrain_64.pth", weights_only=True).items():
+    resumed = torch.load(interrupted / "pretrain_48.pth", weights_only=True)
+    for name, value in torch.load(straight / "pretrain_48.pth", weights_only=True).items():
         assert torch.equal(resumed[name], value), f"{name}: resumed run differs from the straight run"
 
 
 def test_stage_assembly_rejects_bad_resume_files(tmp_path, capsys):
     """A truncated file or other flags than the interrupted run: exit 2 with the reason, no training."""
     assert train_pretrain_impl.main(STAGE + ["--stop_after", "4", "--out_dir", str(tmp_path)]) == 0
-    resume_file = tmp_path / "pretrain_64_resume.pth"
+    resume_file = tmp_path / "pretrain_48_resume.pth"
     capsys.readouterr()
     assert train_pretrain_impl.main(STAGE + ["--learning_rate", "1e-3", "--resume", str(resume_file),
                                              "--out_dir", str(tmp_path)]) == 2
@@ -209,8 +209,11 @@ def test_stage_assembly_on_stubs_says_todo_for_lesson_15(tmp_path):
 
 
 def test_resume_checkpoint_of_the_default_config_is_small(tmp_path):
-    """The stage assembly's default model (hidden 64, 2 layers, vocab 6400): fp32 weights + 2 AdamW moments."""
+    """The default tiny config (hidden 48, 2 layers, vocab 6400): fp32 weights + 2 AdamW moments, under 5 MB."""
     args = train_pretrain_impl.parse_args([])
+    scenario = LoopScenario("default tiny config")
+    expect_equal("stage assembly (hidden_size, num_hidden_layers) vs the checks' default tiny config",
+                 (args.hidden_size, args.num_hidden_layers), (scenario.hidden_size, scenario.num_hidden_layers))
     model, optimizer, scaler, _ = build_training(args)
     model(torch.ones(1, 4, dtype=torch.long), labels=torch.ones(1, 4, dtype=torch.long)).loss.backward()
     optimizer.step()
@@ -221,3 +224,4 @@ def test_resume_checkpoint_of_the_default_config_is_small(tmp_path):
     size = os.path.getsize(path)
     # 3 fp32 tensors per parameter (weights, exp_avg, exp_avg_sq); the tied lm_head is stored once.
     assert 12 * params <= size <= 12 * params + 200_000, f"{size} bytes for {params} parameters"
+    assert size < 5_000_000, f"resume checkpoint ACTUAL {size} bytes, EXPECTED < 5,000,000 (5 MB)"

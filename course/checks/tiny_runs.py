@@ -17,7 +17,8 @@ from typing import Optional
 
 import torch
 
-from course.minimind import MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS, setup_seed
+from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
+                             MiniMindForCausalLM, PretrainDataset, setup_seed)
 from course.minimind.train_pretrain import train_epoch as oracle_train_epoch
 
 
@@ -30,8 +31,8 @@ class LoopScenario:
     iters: int = 6                  # micro-batches per epoch
     batch_size: int = 2
     max_length: int = 32
-    hidden_size: int = 64
-    num_hidden_layers: int = 2
+    hidden_size: int = TINY_HIDDEN_SIZE
+    num_hidden_layers: int = TINY_NUM_HIDDEN_LAYERS
     start_epoch: int = 0
     start_step: int = 0             # micro-steps of start_epoch already done (resume)
     base_lr: float = 5e-4

@@ -9,6 +9,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+# The course's default tiny model (not upstream's): small enough that a resume checkpoint
+# (fp32 weights + 2 AdamW moments = 12 bytes per parameter, 376,584 parameters) stays under 5 MB.
+TINY_HIDDEN_SIZE = 48
+TINY_NUM_HIDDEN_LAYERS = 2
+
 
 @dataclass
 class MiniMindConfig:

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from course.minimind import TINY_CORPUS, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, setup_seed
+from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
+                             MiniMindForCausalLM, PretrainDataset, setup_seed)
 from course.reference.core.train_session import TrainingSession
 from course.session_types import TrainingRunState
 
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad-clip", type=float, default=1.0)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="bfloat16 = CPU autocast (no GradScaler needed)")
-    parser.add_argument("--hidden-size", type=int, default=64)
-    parser.add_argument("--num-hidden-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=TINY_HIDDEN_SIZE)
+    parser.add_argument("--num-hidden-layers", type=int, default=TINY_NUM_HIDDEN_LAYERS)
     parser.add_argument("--max-seq-len", type=int, default=64)
     parser.add_argument("--data-path", default=str(TINY_CORPUS))
     parser.add_argument("--log-interval", type=int, default=5, help="log every N updates")
