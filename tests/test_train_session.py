@@ -201,12 +201,20 @@ def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
                          params_of(straight.model), rtol=0.0, atol=0.0)
 
 
-def test_restore_rejects_a_different_global_batch(tmp_path):
+@pytest.mark.parametrize("mismatch", ["global_batch_size", "dataset_identity"])
+def test_restore_rejects_a_different_run_and_leaves_the_session_untouched(tmp_path, mismatch):
     session, run, _ = drive(small_dataset(20), epochs=1, max_steps=1)
+    run.dataset_identity = "tiny corpus, 20 samples"
     path = save_train_state(tmp_path / "s.pt", session, run, global_batch_size=8, accum_steps=4)
-    with pytest.raises(ValueError, match="global_batch_size"):
-        load_train_state(path, new_session(ref, 4, optimizer_cls=torch.optim.AdamW), global_batch_size=4,
-                         accum_steps=4, sample_count=20, identity="")
+    fresh = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
+    params_before = {name: value.clone() for name, value in params_of(fresh.model).items()}
+    asked = {"global_batch_size": 4 if mismatch == "global_batch_size" else 8,
+             "identity": "another corpus" if mismatch == "dataset_identity" else run.dataset_identity}
+    with pytest.raises(ValueError, match=mismatch):
+        load_train_state(path, fresh, accum_steps=4, sample_count=20, **asked)
+    expect_tensors_close("parameters after a refused resume vs before it", params_of(fresh.model), params_before,
+                         rtol=0.0, atol=0.0)
+    expect_equal("AdamW state after a refused resume", fresh.optimizer.state_dict()["state"], {})
 
 
 TRAINER_ARGS = ["--batch-size", "8", "--accum-steps", "4", "--hidden-size", "32", "--num-hidden-layers", "1",

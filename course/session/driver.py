@@ -14,6 +14,7 @@ validated, ``weights_only``); the training state travels in their ``extra`` keys
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -77,11 +78,24 @@ def load_train_state(path, session, *, global_batch_size: int, accum_steps: int,
                      identity: str, impl=reference_impl) -> tuple[TrainingRunState, str]:
     """Resume ``session`` from a new or legacy checkpoint; returns the run state and a note on what was restored.
 
-    ``load_checkpoint`` validates the file against model / optimizer / scaler before loading them; the
-    run checks below need the file's keys, so a mismatch raises after the weights are loaded (do not
-    train on with that session).
+    ``load_checkpoint`` validates the file against model / optimizer / scaler before loading them. The
+    run checks need the file's keys, so they run after it; a refusal there puts the session's model,
+    optimizer and scaler back as they were before raising.
     """
+    loaded = [part for part in (session.model, session.optimizer, session.scaler) if part is not None]
+    before = [copy.deepcopy(part.state_dict()) for part in loaded]
     checkpoint = load_checkpoint(path, model=session.model, optimizer=session.optimizer, scaler=session.scaler)
+    try:
+        return _run_state_of(checkpoint, session, global_batch_size=global_batch_size, accum_steps=accum_steps,
+                             sample_count=sample_count, identity=identity, impl=impl)
+    except Exception:
+        for part, state in zip(loaded, before):
+            part.load_state_dict(state)
+        raise
+
+
+def _run_state_of(checkpoint: dict, session, *, global_batch_size: int, accum_steps: int, sample_count: int,
+                  identity: str, impl) -> tuple[TrainingRunState, str]:
     if checkpoint.get("batch_size_semantics") is not None:   # a new state: ``step`` counts updates
         checkpoint["update_step_in_epoch"] = checkpoint.pop("step")
     state = impl.migrate_train_state(checkpoint)
