@@ -35,7 +35,8 @@ def parse_args(argv=None):
     parser = oracle_parser()
     parser.description = __doc__.splitlines()[0]
     parser.set_defaults(epochs=2, batch_size=8, accumulation_steps=4, log_interval=5,
-                        hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, max_seq_len=64, data_path=str(TINY_CORPUS), save_interval=0)
+                        hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, max_seq_len=64,
+                        data_path=str(TINY_CORPUS), save_interval=0)
     parser.add_argument("--impl", choices=["student", "reference"], default="student",
                         help="whose train_one_epoch to run (default: yours, impl/core/train_loop.py)")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))
