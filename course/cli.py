@@ -1,11 +1,14 @@
-"""``python -m course``: grade exercises and list the mistake catalogue.
+"""``python -m course``: grade exercises, list mistakes, align, build notebooks, add a lesson.
 
     python -m course check 14                     # your impl/ (TODO / PASS / FAIL per exercise)
     python -m course check 14 --impl reference    # the reference solutions
     python -m course check 14 --impl-dir DIR      # a submission laid out like impl/
     python -m course check 14 --json              # machine-readable
+    python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mistakes 14                  # the typical mistakes the checks catch
+    python -m course syllabus                     # the README's syllabus table, from the descriptors
     python -m course release                      # regenerate every notebook's nbgrader source and release
+    python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
 """
 from __future__ import annotations
 
@@ -16,16 +19,16 @@ from pathlib import Path
 from typing import Optional
 
 from .checks import LESSONS, get_lesson
-from .checks.framework import FAIL, PASS, TODO, exercise_status, grade, load_impl
-from .checks.mistakes import catalogue
-from .notebooks import NOTEBOOKS, NOTEBOOKS_DIR, release_all
+from .checks.assignments import NOTEBOOKS_DIR, release_all
+from .checks.framework import PASS, TODO, CheckFailure, exercise_status, grade
+from .scaffold import new_lesson
 
 
 def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str]) -> dict:
     """Grade one implementation; the dict is what ``--json`` prints and the table shows."""
     lesson = get_lesson(lesson_id)
     try:
-        module = load_impl(lesson, impl, impl_dir)
+        module = lesson.load(impl, impl_dir)
     except (ValueError, FileNotFoundError):
         raise
     except Exception as exc:  # a student file that does not even import
@@ -60,15 +63,13 @@ def print_table(report: dict, lesson_file: str) -> None:
             for line in e["message"].splitlines()[:8]:
                 print(f"      {line}")
     todo = sum(e["status"] == TODO for e in report["exercises"])
-    failed = sum(e["status"] == FAIL for e in report["exercises"])
+    failed = len(report["exercises"]) - report["passed"] - todo
     print(f"  total: {report['passed']}/{report['total']} passed, {failed} failed, {todo} TODO"
           f"  (lesson text: course/lessons/{lesson_file})")
 
 
 def cmd_check(args) -> int:
-    impls = ["student", "reference"] if args.impl == "both" else [args.impl]
-    if args.impl_dir is not None:
-        impls = ["dir"]
+    impls = ["dir"] if args.impl_dir is not None else ["student", "reference"] if args.impl == "both" else [args.impl]
     reports = []
     for impl in impls:
         try:
@@ -84,14 +85,55 @@ def cmd_check(args) -> int:
     return 0 if all(r["passed"] == r["total"] for r in reports) else 1
 
 
+def cmd_align(args) -> int:
+    """Print the lesson's alignment report for an implementation and compare it with the reference's."""
+    lesson = get_lesson(args.lesson)
+    if lesson.report is None:
+        print(f"error: lesson {lesson.lesson_id} has no alignment report; lessons with one: "
+              f"{sorted(i for i, l in LESSONS.items() if l.report)}", file=sys.stderr)
+        return 2
+    try:
+        lines = lesson.report(lesson.load(args.impl))
+    except NotImplementedError as exc:
+        print(f"alignment=TODO: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    expected = lesson.report(lesson.load("reference"))
+    if lines != expected:
+        wrong = [f"  ACTUAL:   {a}\n  EXPECTED: {e}" for a, e in zip(lines, expected) if a != e]
+        print("alignment=failed\n" + "\n".join(wrong or [f"  ACTUAL: {len(lines)} lines, EXPECTED: {len(expected)}"]),
+              file=sys.stderr)
+        return 1
+    print("alignment=passed")
+    return 0
+
+
 def cmd_mistakes(args) -> int:
-    mistakes, equivalents = catalogue(args.lesson)
+    lesson = get_lesson(args.lesson)
     print(f"Lesson {args.lesson}: mistakes the checks catch")
-    for m in mistakes:
+    for m in lesson.mistakes:
         print(f"  - {m.name}: {m.description}\n      caught by {m.caught_by}")
     print("Accepted equivalent forms")
-    for m in equivalents:
+    for m in lesson.equivalents:
         print(f"  - {m.name}: {m.description}")
+    return 0
+
+
+def syllabus_table() -> str:
+    """The README's syllabus table: one row per lesson, every cell from its descriptor."""
+    rows = ["| lesson | title | text | your file | check | tests | labs | notebook points |",
+            "|---|---|---|---|---|---|---|---|"]
+    for lesson_id, lesson in sorted(LESSONS.items()):
+        files = lesson.files()
+        text = f"`course/lessons/{lesson.lesson_file}` ([中文](course/lessons/zh/{lesson.lesson_file}))"
+        labs = ", ".join(f"`labs/{lab}`" for lab in lesson.labs) or "-"
+        rows.append(f"| {lesson_id} | {lesson.title} | {text} | `impl/{lesson.module_file}` | "
+                    f"`python -m course check {lesson_id}` | `tests/{files['test'].name}` | {labs} | {lesson.points} |")
+    return "\n".join(rows)
+
+
+def cmd_syllabus(args) -> int:
+    print(syllabus_table())
     return 0
 
 
@@ -106,6 +148,19 @@ def cmd_release(args) -> int:
     return 0
 
 
+def cmd_new_lesson(args) -> int:
+    try:
+        written = new_lesson(args.lesson, args.slug, title=args.title, module=args.module,
+                             root=Path(args.root) if args.root else None)
+    except (ValueError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    print("next: fill in each file (README, 'Adding a lesson'), then run python -m pytest")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,13 +172,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--impl-dir", default=None, help="grade a directory laid out like impl/ instead")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.set_defaults(func=cmd_check)
+    align = sub.add_parser("align", help="print a lesson's alignment report and compare it with the reference's")
+    align.add_argument("lesson", choices=sorted(LESSONS))
+    align.add_argument("--impl", choices=["student", "reference"], default="student")
+    align.set_defaults(func=cmd_align)
     mistakes = sub.add_parser("mistakes", help="list the mistake catalogue of a lesson")
     mistakes.add_argument("lesson", choices=sorted(LESSONS))
     mistakes.set_defaults(func=cmd_mistakes)
+    syllabus = sub.add_parser("syllabus", help="print the README's syllabus table")
+    syllabus.set_defaults(func=cmd_syllabus)
     release = sub.add_parser("release", help="rebuild the nbgrader source and student release of the notebooks")
-    release.add_argument("lesson", nargs="*", help=f"lesson ids {sorted(NOTEBOOKS)} (default: all of them)")
+    release.add_argument("lesson", nargs="*", help=f"lesson ids {sorted(LESSONS)} (default: every notebook)")
     release.add_argument("--course-dir", default=None, help="nbgrader course directory (default: notebooks/)")
     release.set_defaults(func=cmd_release)
+    new = sub.add_parser("new-lesson", help="write the skeleton of every file a new lesson needs")
+    new.add_argument("lesson", help="lesson number, e.g. 17")
+    new.add_argument("slug", help="snake_case topic, e.g. lr_warmup: files are named <lesson>_<slug>")
+    new.add_argument("--title", default=None, help="lesson title (default: from the slug)")
+    new.add_argument("--module", default=None, help="exercise module name (default: the slug)")
+    new.add_argument("--root", default=None, help="repository root to write into (default: this checkout)")
+    new.set_defaults(func=cmd_new_lesson)
     return parser
 
 

@@ -1,11 +1,11 @@
 """Stage assembly for lessons 14-15: dataset -> DataLoader -> model -> your train_one_epoch -> checkpoint.
 
-    python impl/train_pretrain_impl.py                          # uses YOUR impl/core/train_loop.py
+    python impl/train_pretrain_impl.py                          # uses YOUR impl/train_loop.py
     python impl/train_pretrain_impl.py --impl reference --epochs 1
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_48_resume.pth
 
-This file is glue, not an exercise: it runs as soon as impl/core/train_loop.py is filled in.
+This file is glue, not an exercise: it runs as soon as impl/train_loop.py is filled in.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from course.checks import get_lesson, load_impl
+from course.implementations import load_implementation
 from course.minimind import TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
 from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_training
@@ -38,7 +38,7 @@ def parse_args(argv=None):
                         hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, max_seq_len=64,
                         data_path=str(TINY_CORPUS), save_interval=0)
     parser.add_argument("--impl", choices=["student", "reference"], default="student",
-                        help="whose train_one_epoch to run (default: yours, impl/core/train_loop.py)")
+                        help="whose train_one_epoch to run (default: yours, impl/train_loop.py)")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))
     # Lesson 15. --save_interval (upstream's flag) counts micro-steps; 0 writes no resume checkpoint.
     parser.add_argument("--resume", default=None, metavar="PATH",
@@ -96,9 +96,9 @@ def counted(batches, bar):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    train_loop = load_impl(get_lesson("14"), args.impl)
+    train_loop = load_implementation("train_loop.py", args.impl)
     checkpointing = args.resume is not None or args.save_interval > 0 or args.stop_after > 0
-    ckpt = load_impl(get_lesson("15"), args.impl) if checkpointing else None
+    ckpt = load_implementation("checkpoint.py", args.impl) if checkpointing else None
     model, optimizer, scaler, autocast_ctx = build_training(args)
     dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
     iters = math.ceil(len(dataset) / args.batch_size)
@@ -151,8 +151,8 @@ def main(argv=None) -> int:
                     return 0
     except NotImplementedError as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1].filename
-        lesson, path = ("15", "impl/core/checkpoint.py") if ckpt and where == ckpt.__file__ \
-            else ("14", "impl/core/train_loop.py")
+        lesson, path = ("15", "impl/checkpoint.py") if ckpt and where == ckpt.__file__ \
+            else ("14", "impl/train_loop.py")
         print(f"TODO: {exc}\nFill in {path} (lesson {lesson} §5), then run "
               f"`python -m course check {lesson}`.", file=sys.stderr)
         return 1

@@ -11,7 +11,7 @@ import functools
 import pytest
 
 from course.checks import get_lesson
-from course.checks.framework import FAIL, TODO, load_impl, run_check
+from course.checks.framework import FAIL, TODO, run_check
 
 
 def pytest_addoption(parser):
@@ -34,7 +34,7 @@ def pytest_generate_tests(metafunc):
 
 @functools.lru_cache(maxsize=None)
 def _load(lesson_id: str, impl_name: str, impl_dir):
-    return load_impl(get_lesson(lesson_id), "student" if impl_name == "dir" else impl_name, impl_dir)
+    return get_lesson(lesson_id).load("student" if impl_name == "dir" else impl_name, impl_dir)
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from course.checks.framework import STUDENT_DIR
-from course.checks.mistakes import MISTAKES
+from course.checks import get_lesson
+from course.implementations import STUDENT_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,10 +38,10 @@ def test_reference_passes_and_json_is_machine_readable():
 
 def test_impl_dir_grades_a_submission_with_a_mistake(tmp_path):
     """A submission directory laid out like impl/ whose train_loop.py has the (step+1) % K bug."""
-    mistake = next(m for m in MISTAKES if m.name == "off_by_one_step")
+    mistake = next(m for m in get_lesson("14").mistakes if m.name == "off_by_one_step")
     submission = tmp_path / "alice"
     shutil.copytree(STUDENT_DIR, submission)
-    (submission / "core" / "train_loop.py").write_text(mistake.source(), encoding="utf-8")
+    (submission / "train_loop.py").write_text(mistake.source(), encoding="utf-8")
     proc = course_cli("check", "14", "--impl-dir", str(submission), "--json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     statuses = {e["exercise"]: e["status"] for e in json.loads(proc.stdout)["exercises"]}
@@ -55,3 +55,15 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     assert proc.returncode == 2 and "--impl-dir" in proc.stderr, proc.stderr
     proc = course_cli("check", "99")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr, proc.stderr
+
+
+def test_align_prints_the_report_and_exits_by_alignment():
+    """``python -m course align 14``: the reference prints the report and passes; untouched stubs say TODO."""
+    proc = course_cli("align", "14", "--impl", "reference")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "alignment=passed", proc.stdout
+    assert "optimizer_step_micro_steps=[4, 8]" in proc.stdout, proc.stdout
+    proc = course_cli("align", "14")
+    assert proc.returncode == 1 and "alignment=TODO" in proc.stderr, proc.stdout + proc.stderr
+    proc = course_cli("align", "15")
+    assert proc.returncode == 2 and "no alignment report" in proc.stderr, proc.stderr

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from course.checks import get_lesson
+from course.checks import LESSONS, get_lesson
 from course.checks.framework import FAIL, PASS, grade, run_check
-from course.checks.mistakes import EQUIVALENTS, MISTAKES
+
+MISTAKES = [m for _, lesson in sorted(LESSONS.items()) for m in lesson.mistakes]
+EQUIVALENTS = [m for _, lesson in sorted(LESSONS.items()) for m in lesson.equivalents]
 
 
 @pytest.mark.parametrize("mistake", MISTAKES, ids=lambda m: f"{m.lesson}-{m.name}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import csv
 import getpass
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +18,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.checks import get_lesson
-from course.checks.mistakes import MISTAKES
-from course.notebooks import NOTEBOOKS, NOTEBOOKS_DIR, build_source, generate_release
+from course.checks.assignments import (NOTEBOOKS_DIR, build_source, generate_release, nbgrader as run_nbgrader,
+                                       notebook_lessons, release_path, source_path)
+from course.checks.framework import expect_equal
 
 pytestmark = pytest.mark.notebooks
 
-ASSIGNMENT_NOTEBOOKS = sorted(NOTEBOOKS.values(), key=lambda n: n.lesson_id)
+ASSIGNMENT_NOTEBOOKS = notebook_lessons()
 # In the test course, cells a student added (no nbgrader metadata) get a short limit so the hanging
 # submission costs seconds; the notebook's own cells keep a limit no busy machine reaches.
 TEST_TIMEOUTS = """
@@ -36,8 +38,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def nbgrader(course_dir: Path, *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, capture_output=True,
-                          text=True, timeout=900)
+    proc = run_nbgrader(course_dir, *args, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"nbgrader {' '.join(args)} exited {proc.returncode}:\n{output[-3000:]}"
     return output
@@ -60,9 +61,9 @@ def course_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("course")
     config = (NOTEBOOKS_DIR / "nbgrader_config.py").read_text(encoding="utf-8")
     (root / "nbgrader_config.py").write_text(config + TEST_TIMEOUTS, encoding="utf-8")
-    for notebook in ASSIGNMENT_NOTEBOOKS:
-        build_source(notebook, root)
-        generate_release(notebook, root)
+    for lesson in ASSIGNMENT_NOTEBOOKS:
+        build_source(lesson, root)
+        generate_release(lesson, root)
     return root
 
 
@@ -70,11 +71,10 @@ def read(path: Path):
     return nbformat.read(path, as_version=4)
 
 
-@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
-def test_grade_cells_run_every_check_of_the_lesson(notebook, course_dir):
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_grade_cells_run_every_check_of_the_lesson(lesson, course_dir):
     """Grading identical to the CLI: each exercise's grade cells together run exactly its checks."""
-    lesson = get_lesson(notebook.lesson_id)
-    source = read(notebook.source_path(course_dir))
+    source = read(source_path(lesson, course_dir))
     called: dict[str, list[str]] = {}
     for cell in source.cells:
         meta = cell.metadata.get("nbgrader", {})
@@ -92,21 +92,25 @@ def test_grade_cells_run_every_check_of_the_lesson(notebook, course_dir):
     solution_ids = [c.metadata["nbgrader"]["grade_id"] for c in source.cells
                     if c.metadata.get("nbgrader", {}).get("solution")]
     assert solution_ids == [e.name for e in lesson.exercises], "one solution cell per exercise, in order"
+    expected_points = {f"test_{e.name}": e.points for e in lesson.exercises}
+    expected_points.update({f"hidden_{e.name}": e.hidden_points for e in lesson.exercises if e.hidden_points})
+    expect_equal("points per grade cell (from the descriptor's exercises)", grade_cells(source), expected_points)
+    expect_equal("the notebook's total points", sum(grade_cells(source).values()), lesson.points)
 
 
-@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
-def test_committed_release_is_up_to_date(notebook, course_dir):
-    committed = notebook.release_path(NOTEBOOKS_DIR)
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_committed_release_is_up_to_date(lesson, course_dir):
+    committed = release_path(lesson, NOTEBOOKS_DIR)
     assert committed.is_file(), f"{committed} is missing: run `python -m course release`"
-    assert committed.read_text(encoding="utf-8") == notebook.release_path(course_dir).read_text(encoding="utf-8"), (
+    assert committed.read_text(encoding="utf-8") == release_path(lesson, course_dir).read_text(encoding="utf-8"), (
         f"{committed.relative_to(NOTEBOOKS_DIR.parent)} is stale: run `python -m course release` and commit it")
 
 
-@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
-def test_release_holds_no_solution_and_no_hidden_test(notebook, course_dir):
-    source = read(notebook.source_path(course_dir))
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_release_holds_no_solution_and_no_hidden_test(lesson, course_dir):
+    source = read(source_path(lesson, course_dir))
     source_text = "\n".join(c.source for c in source.cells)
-    release = read(notebook.release_path(course_dir))
+    release = read(release_path(lesson, course_dir))
     release_text = "\n".join(c.source for c in release.cells)
     # Every non-trivial line between the solution markers of the source is gone from the release.
     solution_lines = {line.strip() for c in source.cells for part in c.source.split("### BEGIN SOLUTION")[1:]
@@ -124,13 +128,13 @@ def test_release_holds_no_solution_and_no_hidden_test(notebook, course_dir):
             assert "raise NotImplementedError()" in cell.source, cell.source
 
 
-@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
-def test_source_executes_top_to_bottom_and_draws_its_figures(notebook, course_dir, tmp_path):
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_source_executes_top_to_bottom_and_draws_its_figures(lesson, course_dir, tmp_path):
     from nbclient import NotebookClient
 
-    workdir = tmp_path / notebook.assignment
+    workdir = tmp_path / lesson.name
     workdir.mkdir()
-    nb = read(notebook.source_path(course_dir))
+    nb = read(source_path(lesson, course_dir))
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors, f"cells raised: {[(e.ename, e.evalue) for e in errors]}"
@@ -140,7 +144,7 @@ def test_source_executes_top_to_bottom_and_draws_its_figures(notebook, course_di
     saved = {p.name for p in (workdir / "figures").glob("*.png")}
     expected = {f"{c.metadata['nbgrader']['grade_id'].removeprefix('plot_')}.png" for c in nb.cells
                 if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("plot_")}
-    assert {f"{notebook.lesson_id}_{name}" for name in expected} == saved, f"figures saved: {sorted(saved)}"
+    assert {f"{lesson.lesson_id}_{name}" for name in expected} == saved, f"figures saved: {sorted(saved)}"
     for name in saved:
         data = (workdir / "figures" / name).read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000, f"{name}: {len(data)} bytes, not a real PNG"
@@ -148,11 +152,11 @@ def test_source_executes_top_to_bottom_and_draws_its_figures(notebook, course_di
     assert inline == len(expected), f"cells showing a figure inline: {inline}, expected {len(expected)}"
 
 
-@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
-def test_validate_passes_the_source_and_inverted_fails_the_release(notebook, course_dir):
-    out = nbgrader(course_dir, "validate", str(notebook.source_path(course_dir)))
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_validate_passes_the_source_and_inverted_fails_the_release(lesson, course_dir):
+    out = nbgrader(course_dir, "validate", str(source_path(lesson, course_dir)))
     assert "Success! Your notebook passes all the tests." in out, out[-3000:]
-    out = nbgrader(course_dir, "validate", "--invert", str(notebook.release_path(course_dir)))
+    out = nbgrader(course_dir, "validate", "--invert", str(release_path(lesson, course_dir)))
     assert "Success! The notebook does not pass any tests." in out, out[-3000:]
 
 
@@ -175,35 +179,33 @@ def submission(release, solved, extra_cells=()):
 
 HANG_CELL = "import time\ntime.sleep(3600)  # a student's endless loop"
 RAISE_CELL = "raise RuntimeError('a student cell that crashes')"
-# One typical mistake per lesson, each caught by a hidden test only, so exactly one grade cell fails.
-TYPICAL_MISTAKES = {"14": "clip_before_unscale", "15": "non_atomic_write", "16": "clip_before_unscale"}
 # The hanging and the crashing student cell cost a cell timeout each run: lesson 14 carries them.
 BROKEN_CELLS_IN = "14"
 
 
-@pytest.mark.parametrize("notebook", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.assignment)
-def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook, course_dir, tmp_path):
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, course_dir, tmp_path):
     """Full marks, zero, and exactly one failing cell for a submission with a typical mistake; in
     lesson 14 that submission also has a cell that hangs and one that raises: grading goes on past
     both (one execution covers both cases)."""
     from nbgrader.api import Gradebook
 
-    typical_mistake = next(m for m in MISTAKES
-                           if m.lesson == notebook.lesson_id and m.name == TYPICAL_MISTAKES[notebook.lesson_id])
-    broken_cells = [HANG_CELL, RAISE_CELL] if notebook.lesson_id == BROKEN_CELLS_IN else []
-    release = read(notebook.release_path(course_dir))
-    solved = read(notebook.source_path(course_dir))
-    mistaken = read(build_source(notebook, tmp_path, reference_source=typical_mistake.source()))
+    # The lesson's notebook_mistake is caught by a hidden check only, so exactly one grade cell fails.
+    typical_mistake = next(m for m in lesson.mistakes if m.name == lesson.notebook_mistake)
+    broken_cells = [HANG_CELL, RAISE_CELL] if lesson.lesson_id == BROKEN_CELLS_IN else []
+    release = read(release_path(lesson, course_dir))
+    solved = read(source_path(lesson, course_dir))
+    mistaken = read(build_source(lesson, tmp_path, reference_source=typical_mistake.source()))
     students = {
         "reference": submission(release, solved),
         "untouched": release,
         "mistake": submission(release, mistaken, broken_cells),
     }
     for student, nb in students.items():
-        path = course_dir / "submitted" / student / notebook.assignment / f"{notebook.assignment}.ipynb"
+        path = course_dir / "submitted" / student / lesson.name / f"{lesson.name}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(nb, path)
-    nbgrader(course_dir, "autograde", notebook.assignment)
+    nbgrader(course_dir, "autograde", lesson.name)
 
     points = grade_cells(solved)
     # The mistake breaks one check; the grade cell that runs it is the one that must score 0.
@@ -217,24 +219,24 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook,
     }
     with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
         for student, want in expected.items():
-            graded = gradebook.find_submission_notebook(notebook.assignment, notebook.assignment, student)
+            graded = gradebook.find_submission_notebook(lesson.name, lesson.name, student)
             got = {g.name: g.score for g in graded.grades}
             assert got == want, f"{student}: scores per grade cell\n  ACTUAL:   {got}\n  EXPECTED: {want}"
     assert failing.startswith("hidden_"), "the typical mistake is meant to be caught by a hidden test"
 
     # The rest of the instructor's round (README): feedback per student, then grades.csv.
-    nbgrader(course_dir, "generate_feedback", notebook.assignment)
+    nbgrader(course_dir, "generate_feedback", lesson.name)
     for student in students:
-        html = course_dir / "feedback" / student / notebook.assignment / f"{notebook.assignment}.html"
+        html = course_dir / "feedback" / student / lesson.name / f"{lesson.name}.html"
         assert html.is_file() and html.stat().st_size > 0, f"no feedback for {student} at {html}"
     nbgrader(course_dir, "export")
     with open(course_dir / "grades.csv", newline="", encoding="utf-8") as handle:
         exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)
-                    if row["assignment"] == notebook.assignment}
+                    if row["assignment"] == lesson.name}
     want = {student: float(sum(cells.values())) for student, cells in expected.items()}
     assert exported == want, f"grades.csv totals\n  ACTUAL:   {exported}\n  EXPECTED: {want}"
     if broken_cells:
-        broken = read(course_dir / "autograded" / "mistake" / notebook.assignment / f"{notebook.assignment}.ipynb")
+        broken = read(course_dir / "autograded" / "mistake" / lesson.name / f"{lesson.name}.ipynb")
         errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
                   for c in broken.cells if c.cell_type == "code"}
         assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
@@ -244,23 +246,39 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(notebook,
 def test_exchange_round_trip_release_fetch_submit_collect(course_dir, tmp_path):
     """The README's hand-out and hand-in commands through a local nbgrader exchange directory:
     release_assignment -> (student) fetch_assignment, submit -> collect lands in submitted/."""
-    notebook = ASSIGNMENT_NOTEBOOKS[0]
+    lesson = ASSIGNMENT_NOTEBOOKS[0]
     exchange = f"--Exchange.root={tmp_path / 'exchange'}"
     (tmp_path / "exchange").mkdir()
-    nbgrader(course_dir, "release_assignment", notebook.assignment, exchange)
+    nbgrader(course_dir, "release_assignment", lesson.name, exchange)
     student_home = tmp_path / "student"
     student_home.mkdir()
-    fetch = subprocess.run([sys.executable, "-m", "nbgrader", "fetch_assignment", notebook.assignment,
+    fetch = subprocess.run([sys.executable, "-m", "nbgrader", "fetch_assignment", lesson.name,
                             "--course=minimind-course", exchange], cwd=student_home, capture_output=True,
                            text=True, timeout=300)
     assert fetch.returncode == 0, fetch.stdout + fetch.stderr
-    fetched = student_home / notebook.assignment / f"{notebook.assignment}.ipynb"
+    fetched = student_home / lesson.name / f"{lesson.name}.ipynb"
     assert fetched.is_file(), f"fetch_assignment did not write {fetched}"
-    submit = subprocess.run([sys.executable, "-m", "nbgrader", "submit", notebook.assignment,
+    submit = subprocess.run([sys.executable, "-m", "nbgrader", "submit", lesson.name,
                              "--course=minimind-course", exchange], cwd=student_home, capture_output=True,
                             text=True, timeout=300)
     assert submit.returncode == 0, submit.stdout + submit.stderr
-    nbgrader(course_dir, "collect", notebook.assignment, exchange)
+    nbgrader(course_dir, "collect", lesson.name, exchange)
     # The exchange names the submitter after the OS user; the autograde test's students are others.
-    collected = course_dir / "submitted" / getpass.getuser() / notebook.assignment / f"{notebook.assignment}.ipynb"
+    collected = course_dir / "submitted" / getpass.getuser() / lesson.name / f"{lesson.name}.ipynb"
     assert collected.is_file(), f"collect did not write {collected}"
+
+
+def test_release_works_with_an_unactivated_venv_python(tmp_path):
+    """The venv's python called by path (IDEs, cron, CI images): its bin directory is not on PATH, yet
+    nbgrader shells out to helpers there (alembic). ``python -m course release`` must still work."""
+    course_dir = tmp_path / "course"
+    course_dir.mkdir()
+    shutil.copy(NOTEBOOKS_DIR / "nbgrader_config.py", course_dir)
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not shutil.which("alembic", path=d))
+    assert not shutil.which("alembic", path=path), "the test PATH should hide nbgrader's helper programs"
+    proc = subprocess.run([sys.executable, "-m", "course", "release", "16", "--course-dir", str(course_dir)],
+                          cwd=NOTEBOOKS_DIR.parent, env=dict(os.environ, PATH=path), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, f"ACTUAL exit {proc.returncode}, EXPECTED 0\n{(proc.stdout + proc.stderr)[-3000:]}"
+    assert release_path(ASSIGNMENT_NOTEBOOKS[-1], course_dir).is_file(), proc.stdout

@@ -9,11 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course.checks.framework import expect_close, expect_equal, load_module, REFERENCE_DIR
-from course.checks.lesson14 import AMP_SCENARIOS, FP32_SCENARIOS
-from course.checks.tiny_runs import run_impl, run_oracle
+from course.checks.framework import expect_close, expect_equal
+from course.implementations import load_implementation
 from course.minimind import (ByteTokenizer, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS,
                              get_lr, read_jsonl_texts, setup_seed)
+from course.runs import run_impl, run_oracle
+from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_FP32_SCENARIOS
 
 TINY = dict(hidden_size=64, num_hidden_layers=2)
 
@@ -161,10 +162,10 @@ def test_get_lr_matches_upstream_reference_values():
         expect_close(f"get_lr({step}, {total}, 1.0)", get_lr(step, total, 1.0), ratio, rtol=1e-5)
 
 
-REFERENCE = load_module(REFERENCE_DIR / "core" / "train_loop.py", "oracle_test_reference")
+REFERENCE = load_implementation("train_loop.py", "reference")
 
 
-@pytest.mark.parametrize("scenario", FP32_SCENARIOS + AMP_SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", LOOP_FP32_SCENARIOS + LOOP_AMP_SCENARIOS, ids=lambda s: s.name)
 def test_reference_matches_oracle_bitwise(scenario):
     """Same ops in the same order: every record, parameter and AdamW tensor is bit-identical."""
     ref, oracle = run_impl(REFERENCE.train_one_epoch, scenario), run_oracle(scenario)
@@ -182,7 +183,7 @@ def test_reference_matches_oracle_bitwise(scenario):
 def test_injected_overflow_skips_the_step_and_halves_the_scale():
     """The GradScaler scenario really exercises the scaler: an inf gradient in micro-step 6 (epoch 0's
     tail window 5-6, K=4) makes the tail flush skip its update, and the scale drops from 2**16 to 2**15."""
-    scenario = next(s for s in AMP_SCENARIOS if s.overflow_at_backward)
+    scenario = next(s for s in LOOP_AMP_SCENARIOS if s.overflow_at_backward)
     clean = run_oracle(scenario.with_(overflow_at_backward=None))
     hit = run_oracle(scenario)
     expect_equal("scale without overflow (init 2**16, growth only after 2000 good steps)", clean.scale, 2.0 ** 16)

@@ -1,12 +1,34 @@
-"""Grading: one registry of lessons, each with its exercises and check functions."""
-from . import lesson14, lesson15, lesson16
-from .framework import FAIL, PASS, TODO, CheckFailure, Lesson, grade, load_impl, run_check
+"""The grader: one ``Lesson`` descriptor per ``lessonNN.py`` module here, discovered, never listed by hand.
 
-LESSONS: dict[str, Lesson] = {
-    lesson14.LESSON.lesson_id: lesson14.LESSON,
-    lesson15.LESSON.lesson_id: lesson15.LESSON,
-    lesson16.LESSON.lesson_id: lesson16.LESSON,
-}
+Each ``course/checks/lessonNN.py`` defines ``LESSON`` (texts, stub, reference, exercises, notebook
+points, labs), registers its checks with ``@LESSON.check`` and catalogues its mistakes and accepted
+equivalents with ``LESSON.mistake`` / ``LESSON.equivalent``.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+
+from .framework import FAIL, PASS, TODO, CheckFailure, Lesson, grade, run_check
+
+LESSON_MODULE = re.compile(r"^lesson(\d+)$")
+
+
+def _discover() -> dict[str, Lesson]:
+    lessons = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        match = LESSON_MODULE.match(info.name)
+        if match:
+            lesson = importlib.import_module(f"{__name__}.{info.name}").LESSON
+            if lesson.lesson_id != match.group(1):
+                raise ValueError(f"course/checks/{info.name}.py describes lesson {lesson.lesson_id!r}, "
+                                 f"expected {match.group(1)!r}")
+            lessons[lesson.lesson_id] = lesson
+    return lessons
+
+
+LESSONS: dict[str, Lesson] = _discover()
 
 
 def get_lesson(lesson_id: str) -> Lesson:
@@ -15,5 +37,4 @@ def get_lesson(lesson_id: str) -> Lesson:
     return LESSONS[lesson_id]
 
 
-__all__ = ["LESSONS", "get_lesson", "Lesson", "CheckFailure", "grade", "load_impl", "run_check",
-           "PASS", "FAIL", "TODO"]
+__all__ = ["LESSONS", "get_lesson", "Lesson", "CheckFailure", "grade", "run_check", "PASS", "FAIL", "TODO"]

@@ -7,9 +7,7 @@ ACTUAL vs EXPECTED message when the implementation is wrong. A stub that still r
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -17,10 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Optional
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STUDENT_DIR = REPO_ROOT / "impl"
-REFERENCE_DIR = REPO_ROOT / "course" / "reference"
-IMPL_CHOICES = ("student", "reference")
+from course.implementations import (REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, load_implementation,
+                                    module_from_source)
 
 PASS, FAIL, TODO = "PASS", "FAIL", "TODO"
 
@@ -35,36 +31,121 @@ class Check:
     exercise: str
     run: Callable[[ModuleType], None]
     doc: str = ""
+    hidden: bool = False          # notebooks: graded in the exercise's hidden grade cell
+    uses: tuple[str, ...] = ()    # other exercises the check calls (its grade cell follows them)
 
 
 @dataclass(frozen=True)
 class Exercise:
-    name: str      # the function or class the student writes
-    section: str   # where the lesson explains it, e.g. "14 §5.1"
+    name: str               # the function or class the student writes
+    section: str            # where the lesson explains it, e.g. "14 §5.1"
+    points: int = 1         # notebook points of its visible grade cell
+    hidden_points: int = 0  # notebook points of its hidden grade cell (0: the exercise has no hidden checks)
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A typical wrong implementation: the reference with ``old`` replaced by ``new`` (once).
+    ``caught_by`` names the check that must FAIL; an accepted equivalent has none and must PASS."""
+    lesson: str
+    name: str
+    description: str
+    old: str
+    new: str
+    caught_by: str
+    module_file: str
+
+    def source(self) -> str:
+        original = (REFERENCE_DIR / self.module_file).read_text(encoding="utf-8")
+        count = original.count(self.old)
+        if count != 1:
+            raise ValueError(f"mistake {self.name!r}: its 'old' snippet occurs {count} times in "
+                             f"{self.module_file}, expected exactly once (did the reference change?)")
+        return original.replace(self.old, self.new)
+
+    def build(self) -> ModuleType:
+        return module_from_source(self.source(), f"{self.lesson}_{self.name}",
+                                  f"<mistake {self.name}: {self.module_file}>")
 
 
 @dataclass
 class Lesson:
+    """One lesson, described once: its texts, stub, reference, checks, mistake catalogue, notebook
+    grading and labs. Every file a lesson needs is derived from ``lesson_id``, ``slug`` and ``module``
+    (see ``files``); ``python -m course new-lesson`` writes their skeletons."""
     lesson_id: str
+    slug: str               # e.g. "lr_grad_accum_amp": lesson text and notebook are "<id>_<slug>"
     title: str
-    module_path: str            # relative to an impl dir, e.g. "core/train_loop.py"
-    lesson_file: str            # relative to course/lessons
+    module: str             # the exercise module, e.g. "train_loop": impl/train_loop.py
     exercises: list[Exercise]
+    labs: tuple[str, ...] = ()          # scripts under labs/
+    notebook_mistake: str = ""          # a catalogued mistake only a hidden check catches (autograde test)
+    report: Optional[Callable[[ModuleType], list[str]]] = None   # ``python -m course align`` lines
     checks: list[Check] = field(default_factory=list)
+    mistakes: list[Mistake] = field(default_factory=list)
+    equivalents: list[Mistake] = field(default_factory=list)
 
-    def check(self, exercise: str):
-        """Decorator: register ``fn`` as a check of ``exercise`` (its docstring explains it)."""
+    @property
+    def name(self) -> str:
+        return f"{self.lesson_id}_{self.slug}"
+
+    @property
+    def module_file(self) -> str:
+        return f"{self.module}.py"
+
+    @property
+    def lesson_file(self) -> str:
+        return f"{self.name}.md"
+
+    def files(self) -> dict[str, Path]:
+        """Every file the lesson needs, by role, as absolute paths."""
+        return {
+            "lesson text (en)": REPO_ROOT / "course" / "lessons" / self.lesson_file,
+            "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / self.lesson_file,
+            "stub": STUDENT_DIR / self.module_file,
+            "reference": REFERENCE_DIR / self.module_file,
+            "checks": REPO_ROOT / "course" / "checks" / f"lesson{self.lesson_id}.py",
+            "test": REPO_ROOT / "tests" / f"test_lesson{self.lesson_id}_{self.module}.py",
+            "notebook": REPO_ROOT / "notebooks" / "lessons" / f"{self.name}.py",
+            **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in self.labs},
+        }
+
+    def load(self, impl: str = "student", impl_dir: Optional[str] = None) -> ModuleType:
+        """The lesson's module from impl/ ("student"), the reference, or a submission directory."""
+        return load_implementation(self.module_file, impl, impl_dir)
+
+    def exercise(self, name: str) -> Exercise:
         names = [e.name for e in self.exercises]
-        if exercise not in names:
-            raise ValueError(f"exercise must be one of {names}, got {exercise!r}")
+        if name not in names:
+            raise ValueError(f"exercise must be one of {names}, got {name!r}")
+        return self.exercises[names.index(name)]
+
+    def check(self, exercise: str, *, hidden: bool = False, uses: tuple[str, ...] = ()):
+        """Decorator: register ``fn`` as a check of ``exercise`` (its docstring explains it)."""
+        for name in (exercise, *uses):
+            self.exercise(name)
 
         def register(fn):
-            self.checks.append(Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip()))
+            self.checks.append(Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip(), hidden, tuple(uses)))
             return fn
         return register
 
+    def mistake(self, name: str, description: str, old: str, new: str, caught_by: Callable) -> None:
+        """Catalogue a wrong variant of the reference that the check ``caught_by`` must FAIL."""
+        self.mistakes.append(Mistake(self.lesson_id, name, description, old, new, caught_by.__name__,
+                                     self.module_file))
+
+    def equivalent(self, name: str, description: str, old: str, new: str) -> None:
+        """Catalogue an algebraically equivalent variant of the reference that must PASS every check."""
+        self.equivalents.append(Mistake(self.lesson_id, name, description, old, new, "", self.module_file))
+
     def section_of(self, exercise: str) -> str:
-        return next(e.section for e in self.exercises if e.name == exercise)
+        return self.exercise(exercise).section
+
+    @property
+    def points(self) -> int:
+        """Notebook points of the whole lesson."""
+        return sum(e.points + e.hidden_points for e in self.exercises)
 
 
 @dataclass
@@ -74,45 +155,6 @@ class CheckResult:
     status: str
     message: str = ""
     seconds: float = 0.0
-
-
-# --- loading the implementation under test -------------------------------------------------
-
-def impl_root(impl: str = "student", impl_dir: Optional[str] = None) -> Path:
-    if impl_dir is not None:
-        root = Path(impl_dir).expanduser().resolve()
-        if not root.is_dir():
-            raise ValueError(f"--impl-dir {str(impl_dir)!r} is not a directory")
-        return root
-    if impl not in IMPL_CHOICES:
-        raise ValueError(f"impl must be one of {IMPL_CHOICES}, got {impl!r}")
-    return STUDENT_DIR if impl == "student" else REFERENCE_DIR
-
-
-def load_module(path: Path, label: str) -> ModuleType:
-    """Import a file under a unique name so student, reference and mutants never collide."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (an implementation directory needs it)")
-    name = f"_course_impl_{label}_{abs(hash(str(path)))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_impl(lesson: Lesson, impl: str = "student", impl_dir: Optional[str] = None) -> ModuleType:
-    root = impl_root(impl, impl_dir)
-    return load_module(root / lesson.module_path, impl if impl_dir is None else "dir")
-
-
-def module_from_source(source: str, label: str, filename: str) -> ModuleType:
-    """Build a module from source text (used for the mistake catalogue's mutants)."""
-    module = ModuleType(f"_course_mutant_{label}")
-    module.__file__ = filename
-    sys.modules[module.__name__] = module
-    exec(compile(source, filename, "exec"), module.__dict__)
-    return module
 
 
 # --- running checks ------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""Grading checks for lesson 14: learning rate, gradient accumulation, AMP and clipping.
+"""Lesson 14: learning rate, gradient accumulation, AMP and clipping - descriptor, checks, mistakes.
 
 Tolerances are chosen so that algebraically equivalent code passes (``loss * (1 / K)``, a rearranged
-cosine) while every mistake in ``course.checks.mistakes`` fails; the mistake-catalogue tests prove both.
+cosine) while every catalogued mistake (end of this file) fails; the mistake-catalogue tests prove both.
 """
 from __future__ import annotations
 
@@ -9,27 +9,46 @@ import torch
 
 from course.minimind import get_lr
 
+from course.runs import LoopScenario, epoch_batches, run_impl, run_oracle, tiny_model
+from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENARIOS
+
 from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises,
                         expect_tensor_close, expect_tensors_close, fail)
-from .tiny_runs import LoopScenario, epoch_batches, run_impl, run_oracle, tiny_model
+
+
+def mechanics_report(impl) -> list[str]:
+    """The lines ``python -m course align 14`` prints: lr differences from MiniMind's get_lr along a
+    20-step run, a scaled loss and the optimizer-step positions."""
+    lines = []
+    for step in REPORT_LR_STEPS:
+        diff = abs(impl.cosine_lr(step, 20, 5e-4) - get_lr(step, 20, 5e-4))
+        lines.append(f"lr_step_{step}_diff={diff:.12f}")
+    scaled = impl.scale_loss_for_accumulation(torch.tensor(8.0), 4)
+    lines.append(f"scaled_loss={float(scaled):.6f}")
+    lines.append(f"optimizer_step_micro_steps={optimizer_step_positions(impl, 8, 4)}")
+    return lines
+
 
 LESSON = Lesson(
     lesson_id="14",
+    slug="lr_grad_accum_amp",
     title="Learning rate, gradient accumulation and mixed precision",
-    module_path="core/train_loop.py",
-    lesson_file="14_lr_grad_accum_amp.md",
+    module="train_loop",
     exercises=[
-        Exercise("cosine_lr", "14 §5.1"),
-        Exercise("scale_loss_for_accumulation", "14 §5.2"),
-        Exercise("should_step_optimizer", "14 §5.3"),
-        Exercise("should_flush_tail", "14 §5.4"),
-        Exercise("train_one_epoch", "14 §5.5"),
+        Exercise("cosine_lr", "14 §5.1", points=2, hidden_points=1),
+        Exercise("scale_loss_for_accumulation", "14 §5.2", points=1, hidden_points=1),
+        Exercise("should_step_optimizer", "14 §5.3", points=1, hidden_points=1),
+        Exercise("should_flush_tail", "14 §5.4", points=1, hidden_points=1),
+        Exercise("train_one_epoch", "14 §5.5", points=3, hidden_points=2),
     ],
+    labs=("lesson14_trace_pretrain_step.py", "bench_lesson14_grader.py"),
+    notebook_mistake="clip_before_unscale",
+    report=mechanics_report,
 )
 check = LESSON.check
 
-# The seed lesson's table: steps of a 20-step run.
-SEED_LR_STEPS = (0, 1, 5, 10, 19, 20)
+# Steps of a 20-step run where the report and the first check compare the schedule.
+REPORT_LR_STEPS = (0, 1, 5, 10, 19, 20)
 LR_RTOL = 1e-12          # a rearranged formula differs by a few ulps, a wrong one by >= 1e-3
 
 # --- cosine_lr -----------------------------------------------------------------------------
@@ -37,8 +56,8 @@ LR_RTOL = 1e-12          # a rearranged formula differs by a few ulps, a wrong o
 
 @check("cosine_lr")
 def cosine_lr_matches_get_lr(impl):
-    """cosine_lr equals MiniMind's get_lr at the seed's steps and across several (T, lr)."""
-    cases = [(s, 20, 5e-4) for s in SEED_LR_STEPS] + [
+    """cosine_lr equals MiniMind's get_lr along a 20-step run and across several (T, lr)."""
+    cases = [(s, 20, 5e-4) for s in REPORT_LR_STEPS] + [
         (0, 1, 1.0), (1, 1, 1.0), (3, 7, 1e-3), (333, 1000, 3e-4), (12, 12, 2.0)]
     for step, total, lr in cases:
         expect_close(f"cosine_lr({step}, {total}, {lr})", impl.cosine_lr(step, total, lr),
@@ -53,7 +72,7 @@ def cosine_lr_endpoints(impl):
     expect_close("cosine_lr(50, 100, 1.0) (middle)", impl.cosine_lr(50, 100, 1.0), 0.55, rtol=LR_RTOL)
 
 
-@check("cosine_lr")
+@check("cosine_lr", hidden=True)
 def cosine_lr_rejects_bad_arguments(impl):
     """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument."""
     expect_raises("cosine_lr(0, 0, 1e-3)", lambda: impl.cosine_lr(0, 0, 1e-3), ValueError, "total_steps")
@@ -78,7 +97,7 @@ def scale_loss_divides_by_k(impl):
         expect_close(f"d(scaled)/d(loss) for K={k}", float(loss.grad), 1.0 / k, rtol=1e-6)
 
 
-@check("scale_loss_for_accumulation")
+@check("scale_loss_for_accumulation", hidden=True)
 def scale_loss_rejects_bad_k(impl):
     """accumulation_steps <= 0 raises ValueError naming accumulation_steps."""
     for k in (0, -2):
@@ -104,7 +123,7 @@ def should_step_at_window_ends(impl):
         expect_equal(f"should_step_optimizer({step}, {k})", bool(impl.should_step_optimizer(step, k)), expected)
 
 
-@check("should_step_optimizer")
+@check("should_step_optimizer", hidden=True)
 def should_step_rejects_bad_arguments(impl):
     """accumulation_steps <= 0 or a 0-based step raise ValueError naming the argument."""
     expect_raises("should_step_optimizer(4, 0)", lambda: impl.should_step_optimizer(4, 0), ValueError,
@@ -124,7 +143,7 @@ def should_flush_only_a_partial_window(impl):
                      bool(impl.should_flush_tail(*args)), expected)
 
 
-@check("should_flush_tail")
+@check("should_flush_tail", hidden=True)
 def should_flush_rejects_bad_arguments(impl):
     """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError."""
     expect_raises("should_flush_tail(10, 0, 0)", lambda: impl.should_flush_tail(10, 0, 0), ValueError,
@@ -138,21 +157,6 @@ def should_flush_rejects_bad_arguments(impl):
 # leave room for equivalent float orderings: a 1-ulp gradient change moves AdamW parameters by
 # ~1e-8 after a dozen steps, while each catalogued mistake moves them by >= 1e-5 or changes a record.
 LOSS_RTOL, NORM_RTOL, PARAM_ATOL, STATE_RTOL = 1e-5, 1e-4, 2e-6, 1e-4
-
-BASE = LoopScenario("dense, 2 epochs, K=4, 6 micro-batches per epoch (tail of 2)")
-FP32_SCENARIOS = [
-    BASE,
-    BASE.with_(name="dense, K=1 (step every micro-batch)", accumulation_steps=1, epochs=1),
-    BASE.with_(name="dense, K=3 divides the epoch (no tail)", accumulation_steps=3),
-    BASE.with_(name="dense, resumed at epoch 1, start_step=3", start_epoch=1, start_step=3),
-    BASE.with_(name="MoE (aux_loss > 0), K=4", use_moe=True),
-    BASE.with_(name="dense, K=8 longer than the epoch (tail only)", accumulation_steps=8, epochs=1),
-]
-AMP_SCENARIOS = [
-    BASE.with_(name="CPU bf16 autocast, K=4", autocast_dtype="bfloat16", epochs=1),
-    BASE.with_(name="enabled GradScaler('cpu'), overflow injected in micro-step 6", scaler_enabled=True,
-               overflow_at_backward=6),
-]
 
 
 def compare_runs(scenario: LoopScenario, actual, expected) -> None:
@@ -201,21 +205,9 @@ def _check_scenarios(impl, scenarios) -> None:
 
 
 @check("train_one_epoch")
-def train_one_epoch_matches_oracle_fp32(impl):
-    """Same lr, step positions, losses, grad norms, parameters and AdamW state as the oracle (fp32)."""
-    _check_scenarios(impl, FP32_SCENARIOS)
-
-
-@check("train_one_epoch")
-def train_one_epoch_matches_oracle_amp(impl):
-    """bf16 autocast and an enabled CPU GradScaler with an overflow (step skipped, scale halved)."""
-    _check_scenarios(impl, AMP_SCENARIOS)
-
-
-@check("train_one_epoch")
 def train_one_epoch_marks_the_tail_flush(impl):
     """With 6 micro-batches and K=4 the last record is the tail flush: it steps and reports a norm."""
-    records = run_impl(impl.train_one_epoch, BASE.with_(epochs=1)).records
+    records = run_impl(impl.train_one_epoch, LOOP_BASE.with_(epochs=1)).records
     last = records[-1]
     if not (last["optimizer_step"] and last.get("grad_norm") is not None):
         fail("last record of an epoch ending mid-window (6 micro-steps, K=4)",
@@ -227,27 +219,71 @@ def train_one_epoch_marks_the_tail_flush(impl):
 
 
 @check("train_one_epoch")
+def train_one_epoch_matches_oracle_fp32(impl):
+    """Same lr, step positions, losses, grad norms, parameters and AdamW state as the oracle (fp32)."""
+    _check_scenarios(impl, LOOP_FP32_SCENARIOS)
+
+
+@check("train_one_epoch", hidden=True)
+def train_one_epoch_matches_oracle_amp(impl):
+    """bf16 autocast and an enabled CPU GradScaler with an overflow (step skipped, scale halved)."""
+    _check_scenarios(impl, LOOP_AMP_SCENARIOS)
+
+
+@check("train_one_epoch", hidden=True)
 def train_one_epoch_rejects_bad_arguments(impl):
     """K, iters or epochs <= 0, epoch outside [0, epochs), start_step outside [0, iters]: ValueError
     naming the argument."""
-    model = tiny_model(BASE)
+    model = tiny_model(LOOP_BASE)
     good = dict(device="cpu", epoch=0, epochs=1, iters=6, base_lr=5e-4, accumulation_steps=4, grad_clip=1.0)
     bad = [(dict(accumulation_steps=0), "accumulation_steps"), (dict(iters=0), "iters"),
            (dict(epochs=0), "epochs"), (dict(epoch=1), "epoch"), (dict(start_step=7), "start_step")]
     for changes, argument in bad:
         expect_raises(f"train_one_epoch(..., {', '.join(f'{k}={v}' for k, v in changes.items())})",
-                      lambda: impl.train_one_epoch(model, epoch_batches(BASE, 0), torch.optim.AdamW(
+                      lambda: impl.train_one_epoch(model, epoch_batches(LOOP_BASE, 0), torch.optim.AdamW(
                           model.parameters()), **{**good, **changes}), ValueError, argument)
 
 
-def mechanics_report(impl) -> list[str]:
-    """The lines ``python tests/test_train_loop_mechanics.py`` prints (the seed lesson's format)."""
-    lines = []
-    for step in SEED_LR_STEPS:
-        diff = abs(impl.cosine_lr(step, 20, 5e-4) - get_lr(step, 20, 5e-4))
-        lines.append(f"lr_step_{step}_diff={diff:.12f}")
-    scaled = impl.scale_loss_for_accumulation(torch.tensor(8.0), 4)
-    lines.append(f"scaled_loss={float(scaled):.6f}")
-    lines.append(f"optimizer_step_micro_steps={optimizer_step_positions(impl, 8, 4)}")
-    return lines
+# --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
 
+LESSON.mistake("off_by_one_step", "steps when (step + 1) % K == 0 (upstream before PR #698, issue #691)",
+               "return step % accumulation_steps == 0", "return (step + 1) % accumulation_steps == 0",
+               should_step_at_window_ends)
+LESSON.mistake("old_cosine_peaks_at_1_1", "lr/10 + 0.5*lr*(1+cos): the old formula, starts at 1.1*lr",
+               "base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
+               "base_lr / 10 + 0.5 * base_lr * (1 + math.cos(math.pi * current_step / total_steps))",
+               cosine_lr_matches_get_lr)
+LESSON.mistake("loss_not_divided", "backpropagates the raw loss: K micro-batches sum instead of average",
+               "return loss / accumulation_steps", "return loss", scale_loss_divides_by_k)
+LESSON.mistake("clip_before_unscale", "clips the still-scaled gradients, then unscales",
+               "    scaler.unscale_(optimizer)\n    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
+               "    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n    scaler.unscale_(optimizer)\n",
+               train_one_epoch_matches_oracle_amp)
+LESSON.mistake("no_tail_flush", "drops the gradients of an epoch's last, partial window",
+               "if should_flush_tail(last_step, start_step, accumulation_steps):", "if False:",
+               train_one_epoch_matches_oracle_fp32)
+LESSON.mistake("lr_only_at_optimizer_steps", "writes the lr into the optimizer only on update micro-steps",
+               '        for group in optimizer.param_groups:\n            group["lr"] = lr\n',
+               '        if should_step_optimizer(step, accumulation_steps):\n'
+               '            for group in optimizer.param_groups:\n                group["lr"] = lr\n',
+               train_one_epoch_matches_oracle_fp32)
+LESSON.mistake("forgets_aux_loss", "trains on the LM loss only: the MoE router's balance loss is lost",
+               "loss = out.loss + out.aux_loss", "loss = out.loss", train_one_epoch_matches_oracle_fp32)
+LESSON.mistake("schedule_ignores_epoch", "cosine_lr(step, ...) restarts the schedule every epoch",
+               "cosine_lr(epoch * iters + step, epochs * iters, base_lr)", "cosine_lr(step, epochs * iters, base_lr)",
+               train_one_epoch_matches_oracle_fp32)
+LESSON.mistake("ignores_start_step", "counts micro-steps from 1 after a resume",
+               "enumerate(loader, start=start_step + 1)", "enumerate(loader, start=1)",
+               train_one_epoch_matches_oracle_fp32)
+LESSON.mistake("zero_grad_every_micro_step", "clears gradients before each backward: nothing accumulates",
+               "        scaler.scale(scaled_loss).backward()\n",
+               "        optimizer.zero_grad(set_to_none=True)\n        scaler.scale(scaled_loss).backward()\n",
+               train_one_epoch_matches_oracle_fp32)
+
+LESSON.equivalent("multiply_by_reciprocal", "loss * (1 / K) instead of loss / K",
+                  "return loss / accumulation_steps", "return loss * (1.0 / accumulation_steps)")
+LESSON.equivalent("rearranged_cosine", "0.1*lr + 0.45*lr*(1 + cos(pi * (s / T)))",
+                  "base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
+                  "0.1 * base_lr + 0.45 * base_lr * (1 + math.cos(math.pi * (current_step / total_steps)))")
+LESSON.equivalent("not_modulo", "not step % K instead of step % K == 0",
+                  "return step % accumulation_steps == 0", "return not step % accumulation_steps")

@@ -1,4 +1,4 @@
-"""Grading checks for lesson 15: checkpoint and exact resume.
+"""Lesson 15: checkpoint and exact resume - descriptor, checks, mistakes.
 
 Saving and loading do no arithmetic, so resume is graded BITWISE: a run interrupted at an update
 boundary, saved, loaded into fresh objects and continued must give the very same records, parameters,
@@ -13,84 +13,38 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
+from course.runs import (RunResult, full_epoch_batches, resume_and_finish, run_oracle, save_objects, train_until,
+                         training_objects)
+from course.runs.scenarios import RESUME_BASE, RESUME_FP32, RESUME_SCALER
 
 from .framework import (Exercise, Lesson, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close,
                         fail)
-from .tiny_runs import (LoopScenario, RunResult, _result, _training_objects, full_epoch_batches, run_oracle,
-                        run_oracle_epoch)
 
 LESSON = Lesson(
     lesson_id="15",
+    slug="checkpoint_resume",
     title="Checkpoint and exact resume",
-    module_path="core/checkpoint.py",
-    lesson_file="15_checkpoint_resume.md",
+    module="checkpoint",
     exercises=[
-        Exercise("SkipBatchSampler", "15 §5.1"),
-        Exercise("save_checkpoint", "15 §5.2"),
-        Exercise("load_checkpoint", "15 §5.3"),
-        Exercise("resume_position", "15 §5.4"),
+        Exercise("SkipBatchSampler", "15 §5.1", points=2, hidden_points=1),
+        Exercise("save_checkpoint", "15 §5.2", points=2, hidden_points=2),
+        Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),
+        Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),
     ],
+    labs=("lesson15_resume.py",),
+    notebook_mistake="non_atomic_write",
 )
 check = LESSON.check
-
-# A run of 2 epochs x 6 micro-batches; the stop points are update boundaries (multiples of K, or an
-# epoch end after the tail flush).
-BASE = LoopScenario("dense, K=2, stopped at epoch 0 step 4", accumulation_steps=2)
-RESUME_FP32 = [
-    (BASE, 0, 4),
-    (BASE.with_(name="dense, K=4, stopped at the end of epoch 0 (after the tail flush)", accumulation_steps=4), 0, 6),
-    (BASE.with_(name="MoE, K=2, stopped at epoch 1 step 2", use_moe=True), 1, 2),
-]
-RESUME_SCALER = [
-    (BASE.with_(name="enabled GradScaler('cpu'), overflow in micro-step 2 halves the scale, stopped at epoch 0 "
-                     "step 4", scaler_enabled=True, overflow_at_backward=2), 0, 4),
-]
 
 
 class NotATensor:
     """Stands for any pickled object: ``weights_only=True`` must refuse to rebuild it."""
 
 
-# --- running an interrupted and a resumed run --------------------------------------------------
-
-
-def sample_dataset(scenario: LoopScenario, epoch: int) -> list:
-    """The epoch's micro-batches as single samples, so a batch sampler over ``range(len)`` rebuilds them."""
-    return [(x[j], y[j]) for x, y in full_epoch_batches(scenario, epoch) for j in range(len(x))]
-
-
-def train_until(scenario: LoopScenario, stop_epoch: int, stop_step: int):
-    """Oracle training from scratch up to micro-step ``stop_step`` of ``stop_epoch``; (objects, records)."""
-    objects = _training_objects(scenario)
-    records = []
-    for epoch in range(stop_epoch + 1):
-        stop = stop_step if epoch == stop_epoch else scenario.iters
-        records += run_oracle_epoch(scenario, objects, epoch, list(full_epoch_batches(scenario, epoch)[:stop]), 0)
-    return objects, records
-
-
-def save_objects(impl, path, objects, epoch: int, step: int, **extra) -> None:
-    model, optimizer, scaler, _ = objects
-    impl.save_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler, epoch=epoch, step=step, **extra)
-
-
-def resume_and_finish(impl, scenario: LoopScenario, path) -> RunResult:
-    """Fresh objects, ``impl.load_checkpoint`` + ``impl.resume_position``, batches from ``impl.SkipBatchSampler``."""
-    objects = _training_objects(scenario.with_(overflow_at_backward=None))  # the overflow already happened
-    model, optimizer, scaler, _ = objects
-    checkpoint = impl.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler)
-    start_epoch, start_step = impl.resume_position(checkpoint, scenario.iters)
-    records = []
-    for epoch in range(start_epoch, scenario.epochs):
-        skip = start_step if epoch == start_epoch else 0
-        samples = sample_dataset(scenario, epoch)
-        sampler = impl.SkipBatchSampler(range(len(samples)), scenario.batch_size, skip)
-        records += run_oracle_epoch(scenario, objects, epoch, DataLoader(samples, batch_sampler=sampler), skip)
-    return _result(model, optimizer, scaler, records)
+# --- comparing a resumed run with the uninterrupted one ----------------------------------------
 
 
 def compare_resumed(where: str, records_before, resumed: RunResult, uninterrupted: RunResult) -> None:
@@ -123,11 +77,11 @@ def check_exact_resume(impl, cases) -> None:
 @contextlib.contextmanager
 def good_checkpoint(impl):
     """(trained objects, fresh target objects, temp dir, a good checkpoint of the trained ones there)."""
-    objects, _ = train_until(BASE, 0, 2)
+    objects, _ = train_until(RESUME_BASE, 0, 2)
     with tempfile.TemporaryDirectory() as tmp:
         good = Path(tmp) / "good.pth"
         save_objects(impl, good, objects, 0, 2)
-        yield objects, _training_objects(BASE), tmp, good
+        yield objects, training_objects(RESUME_BASE), tmp, good
 
 
 # --- SkipBatchSampler --------------------------------------------------------------------------
@@ -148,7 +102,7 @@ def skip_batch_sampler_matches_upstream(impl):
                 expect_equal(f"len({where})", len(sampler), len(upstream))
 
 
-@check("SkipBatchSampler")
+@check("SkipBatchSampler", hidden=True)
 def skip_batch_sampler_rejects_bad_arguments(impl):
     """batch_size < 1, a negative skip, or a skip past the epoch raise ValueError naming the argument."""
     expect_raises("SkipBatchSampler(range(10), 0, 0)", lambda: impl.SkipBatchSampler(range(10), 0, 0), ValueError,
@@ -166,7 +120,7 @@ def save_checkpoint_writes_full_state(impl):
     """fp32 weights, optimizer, scaler, counters, world size, model config and extras, loadable weights_only."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
     objects, _ = train_until(scenario, stop_epoch, stop_step)
-    model, optimizer, scaler, _ = objects
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
         save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch")
@@ -207,7 +161,7 @@ def exploding_save(obj, f, *args, **kwargs):
     raise OSError("simulated crash in the middle of torch.save")
 
 
-@check("save_checkpoint")
+@check("save_checkpoint", hidden=True, uses=("load_checkpoint",))
 def save_checkpoint_is_atomic(impl):
     """A crash during a save leaves the previous checkpoint byte-identical and loadable, and no temp file."""
     with good_checkpoint(impl) as (objects, fresh, tmp, path):
@@ -229,16 +183,16 @@ def save_checkpoint_is_atomic(impl):
                  "write to a temporary file in the same directory, then os.replace it onto the path")
         expect_equal("files in the checkpoint directory after the crash", sorted(p.name for p in Path(tmp).iterdir()),
                      ["good.pth"])
-        checkpoint = impl.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2])
+        checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler)
         expect_equal("(epoch, step) of the previous checkpoint", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
 
 
-@check("save_checkpoint")
+@check("save_checkpoint", hidden=True)
 def save_checkpoint_refuses_pending_gradients(impl):
     """Mid-accumulation (gradients accumulated, no optimizer step yet) a save raises ValueError."""
-    objects, _ = train_until(BASE, 0, 2)
-    model = objects[0]
-    input_ids, labels = full_epoch_batches(BASE, 0)[2]
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    model = objects.model
+    input_ids, labels = full_epoch_batches(RESUME_BASE, 0)[2]
     model(input_ids, labels=labels).loss.backward()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
@@ -247,10 +201,10 @@ def save_checkpoint_refuses_pending_gradients(impl):
         expect_equal("files written by the refused save", sorted(p.name for p in Path(tmp).iterdir()), [])
 
 
-@check("save_checkpoint")
+@check("save_checkpoint", hidden=True)
 def save_checkpoint_rejects_bad_counters(impl):
     """A negative epoch or step raises ValueError naming it."""
-    objects, _ = train_until(BASE, 0, 2)
+    objects, _ = train_until(RESUME_BASE, 0, 2)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
         expect_raises("save_checkpoint(epoch=-1)", lambda: save_objects(impl, path, objects, -1, 2), ValueError,
@@ -261,13 +215,14 @@ def save_checkpoint_rejects_bad_counters(impl):
 # --- load_checkpoint ---------------------------------------------------------------------------
 
 
-@check("load_checkpoint")
+@check("load_checkpoint", uses=("save_checkpoint",))
 def load_checkpoint_restores_everything(impl):
     """Fresh model, optimizer and scaler get the saved state bit for bit; the dict carries counters and extras."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
     objects, _ = train_until(scenario, stop_epoch, stop_step)
-    model, optimizer, scaler, _ = objects
-    fresh_model, fresh_optimizer, fresh_scaler, _ = _training_objects(scenario)
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
+    fresh = training_objects(scenario)
+    fresh_model, fresh_optimizer, fresh_scaler = fresh.model, fresh.optimizer, fresh.scaler
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
         save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch")
@@ -281,14 +236,14 @@ def load_checkpoint_restores_everything(impl):
 
 
 def snapshot(objects):
-    model, optimizer, scaler, _ = objects
-    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()), scaler.state_dict()
+    return (copy.deepcopy(objects.model.state_dict()), copy.deepcopy(objects.optimizer.state_dict()),
+            objects.scaler.state_dict())
 
 
 def expect_untouched(what: str, before, objects) -> None:
     """Nothing partially loaded: model, optimizer and scaler are exactly as before the failed load."""
     model_before, optimizer_before, scaler_before = before
-    model, optimizer, scaler, _ = objects
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     expect_tensors_close(f"{what}: model after the refused load", model.state_dict(), model_before,
                          rtol=0.0, atol=0.0)
     expect_optimizer_state_equal(f"{what}: optimizer after the refused load", optimizer.state_dict(), optimizer_before)
@@ -298,14 +253,14 @@ def expect_untouched(what: str, before, objects) -> None:
 def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
     """Loading ``path`` raises ``exc_type`` naming every item of ``mentions``; nothing changes."""
     before = snapshot(objects)
-    model, optimizer, scaler, _ = objects
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     for mention in mentions:
         expect_raises(what, lambda: impl.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler),
                       exc_type, mention)
     expect_untouched(what, before, objects)
 
 
-@check("load_checkpoint")
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rejects_unreadable_files(impl):
     """Missing, truncated and arbitrary-object files: a clear error naming the path, nothing loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
@@ -320,14 +275,14 @@ def load_checkpoint_rejects_unreadable_files(impl):
                        target, ValueError, [str(pickled)])
 
 
-@check("load_checkpoint")
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rejects_foreign_checkpoints(impl):
     """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError."""
     with good_checkpoint(impl) as (objects, target, tmp, good):
         saved = torch.load(good, weights_only=True)
 
         weights_only_file = Path(tmp) / "weights.pth"
-        torch.save(objects[0].state_dict(), weights_only_file)
+        torch.save(objects.model.state_dict(), weights_only_file)
         expect_refused(impl, "load_checkpoint of a plain weights file", weights_only_file, target, ValueError,
                        [str(weights_only_file), "optimizer"])
 
@@ -338,7 +293,7 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
         expect_refused(impl, f"load_checkpoint with {name} of shape (32, 64)", wrong_shape, target, ValueError,
                        [str(wrong_shape), name])
 
-        for other in (BASE.with_(use_moe=True), BASE.with_(num_hidden_layers=3), BASE.with_(hidden_size=32)):
+        for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3), RESUME_BASE.with_(hidden_size=32)):
             other_file = Path(tmp) / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth"
             save_objects(impl, other_file, train_until(other, 0, 2)[0], 0, 2)
             expect_refused(impl, f"load_checkpoint of a checkpoint from hidden_size={other.hidden_size}, "
@@ -346,27 +301,27 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
                            other_file, target, ValueError, [str(other_file)])
 
         upstream_dir = Path(tmp) / "upstream"
-        model, optimizer, scaler, _ = objects
+        model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
         lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=0, step=2, save_dir=str(upstream_dir),
                       scaler=scaler)
-        upstream_file = upstream_dir / f"pretrain_{BASE.hidden_size}_resume.pth"
+        upstream_file = upstream_dir / f"pretrain_{RESUME_BASE.hidden_size}_resume.pth"
         expect_refused(impl, "load_checkpoint of upstream's resume file (fp16 weights)", upstream_file, target,
                        ValueError, [str(upstream_file), "float16"])
 
         other_optimizer = Path(tmp) / "other_optimizer.pth"
-        torch.save(dict(saved, optimizer=torch.optim.SGD(objects[0].parameters()).state_dict()), other_optimizer)
+        torch.save(dict(saved, optimizer=torch.optim.SGD(objects.model.parameters()).state_dict()), other_optimizer)
         expect_refused(impl, "load_checkpoint with an SGD state for an AdamW optimizer", other_optimizer, target,
                        ValueError, [str(other_optimizer)])
 
 
-@check("load_checkpoint")
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rescales_step_for_world_size(impl):
     """Upstream's rule: step * saved_world_size // world_size when the world size changed."""
     with good_checkpoint(impl) as (_, _, _, path):
         torch.save(dict(torch.load(path, weights_only=True), world_size=2), path)
         for world_size, expected in ((2, 2), (1, 4), (4, 1), (3, 1)):
-            fresh = _training_objects(BASE)
-            checkpoint = impl.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2],
+            fresh = training_objects(RESUME_BASE)
+            checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler,
                                               world_size=world_size)
             expect_equal(f"step of a checkpoint saved at step 2 by 2 ranks, loaded with world_size={world_size}",
                          checkpoint["step"], expected)
@@ -387,13 +342,60 @@ def resume_position_cases(impl):
                   ValueError, "iters")
 
 
-@check("resume_position")
+@check("resume_position", uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
 def exact_resume_fp32(impl):
     """Stop at an update boundary, save, load into fresh objects, finish: bitwise the uninterrupted run."""
     check_exact_resume(impl, RESUME_FP32)
 
 
-@check("resume_position")
+@check("resume_position", hidden=True, uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
 def exact_resume_with_grad_scaler(impl):
     """Same with an enabled CPU GradScaler whose scale was halved before the stop: the scale must survive."""
     check_exact_resume(impl, RESUME_SCALER)
+
+
+# --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
+
+LESSON.mistake("drops_optimizer_state", "restores the weights only: AdamW restarts with empty moments",
+               '        optimizer.load_state_dict(checkpoint["optimizer"])\n', "        pass\n", exact_resume_fp32)
+LESSON.mistake("saves_fp16_weights", "stores the model in fp16 like upstream's resume file: resume is inexact",
+               '"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}',
+               '"model": {k: v.detach().half().cpu() for k, v in model.state_dict().items()}',
+               save_checkpoint_writes_full_state)
+LESSON.mistake("does_not_skip_trained_batches", "the sampler ignores skip_batches: a resumed epoch retrains them",
+               "            if position < skipped_samples:\n                continue\n", "",
+               skip_batch_sampler_matches_upstream)
+LESSON.mistake("drops_final_partial_batch", "the sampler drops the epoch's last, partial batch",
+               "        if batch:\n            yield batch\n", "", skip_batch_sampler_matches_upstream)
+LESSON.mistake("non_atomic_write", "torch.save straight onto the path: a crash mid-save destroys the last checkpoint",
+               'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
+               "fd, tmp_name = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), str(path)",
+               save_checkpoint_is_atomic)
+LESSON.mistake("forgets_the_scaler", "never restores the GradScaler: the scale restarts at 65536",
+               "        scaler.load_state_dict(scaler_state)\n", "        pass\n", exact_resume_with_grad_scaler)
+LESSON.mistake("saves_mid_accumulation", "saves while gradients are pending: the file silently lacks them",
+               "    if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):\n",
+               "    if False:\n", save_checkpoint_refuses_pending_gradients)
+LESSON.mistake("weights_only_false", "torch.load(weights_only=False): a checkpoint can run arbitrary code",
+               'torch.load(path, map_location="cpu", weights_only=True)',
+               'torch.load(path, map_location="cpu", weights_only=False)', load_checkpoint_rejects_unreadable_files)
+LESSON.mistake("loads_model_before_validating", "loads the weights, then finds the optimizer state is foreign",
+               '    if optimizer is not None:\n        _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)\n'
+               '    scaler_state = checkpoint["scaler"]\n',
+               '    model.load_state_dict(checkpoint["model"])\n    if optimizer is not None:\n'
+               '        _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)\n'
+               '    scaler_state = checkpoint["scaler"]\n',
+               load_checkpoint_rejects_foreign_checkpoints)
+LESSON.mistake("no_world_size_rescale", "keeps the saved step after a world-size change (upstream rescales it)",
+               '    if checkpoint["world_size"] != current:\n', "    if False:\n",
+               load_checkpoint_rescales_step_for_world_size)
+LESSON.mistake("resumes_one_step_late", "start_step = step + 1: the micro-batch after the checkpoint is skipped",
+               "return (epoch + 1, 0) if step == iters else (epoch, step)",
+               "return (epoch + 1, 0) if step == iters else (epoch, step + 1)", resume_position_cases)
+
+LESSON.equivalent("ceil_by_negation", "-(-N // bs) instead of (N + bs - 1) // bs in __len__",
+                  "(len(self.indices) + self.batch_size - 1) // self.batch_size - self.skip_batches",
+                  "-(-len(self.indices) // self.batch_size) - self.skip_batches")
+LESSON.equivalent("fixed_tmp_name", "upstream's fixed path + '.tmp' instead of a mkstemp name",
+                  'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
+                  'tmp_name = f"{path}.tmp"\n    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)')

@@ -1,10 +1,10 @@
-"""Grading checks for lesson 16: token-weighted accumulation and the single-step TrainingSession.
+"""Lesson 16: token-weighted accumulation and the single-step TrainingSession - descriptor, checks, mistakes.
 
 The oracle of a session update is ONE backward of the whole global batch with the loss
 ``sum of NLL / valid tokens of the global batch``. Accumulating micro-batches reorders float sums,
 so gradients are compared with ``atol=1e-6`` (measured difference ~1e-8; the ``loss / K`` mistake
 differs by ~1e-1). Everything else (counts, flags, step positions) is compared exactly.
-The DDP check lives in pytest only (tests/test_train_session.py), it spawns processes.
+The DDP check lives in pytest only (tests/test_lesson16_train_session.py), it spawns processes.
 """
 from __future__ import annotations
 
@@ -12,35 +12,33 @@ import contextlib
 
 import torch
 
-from course.reference.core.train_session import count_loss_units as reference_count
-from course.session.driver import run_text_training
-from course.session.text import TextBatch, collate, token_nll_sum, token_weighted_step
-from course.session_types import GLOBAL_SEMANTICS, TrainingRunState, TrainingStepOptions, TrainingStepReport
+from course.lesson16_runtime.driver import run_text_training
+from course.lesson16_runtime.text import token_weighted_step
+from course.lesson16_runtime.types import GLOBAL_SEMANTICS, TrainingRunState, TrainingStepOptions
+from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches, new_session,
+                         params_of, run_update, tiny_batches, tiny_model)
 
 from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises, expect_tensors_close,
                         fail)
-from .tiny_runs import LoopScenario, tiny_batches, tiny_model
 
 LESSON = Lesson(
     lesson_id="16",
+    slug="token_weighted_training_session",
     title="Token-weighted gradient accumulation and the single-step TrainingSession",
-    module_path="core/train_session.py",
-    lesson_file="16_token_weighted_training_session.md",
+    module="train_session",
     exercises=[
-        Exercise("count_loss_units", "16 §4.1"),
-        Exercise("split_global_batch", "16 §4.2"),
-        Exercise("steps_per_epoch", "16 §4.2"),
-        Exercise("TrainingSession", "16 §4.3"),
-        Exercise("migrate_train_state", "16 §6"),
+        Exercise("count_loss_units", "16 §4.1", points=1, hidden_points=1),
+        Exercise("split_global_batch", "16 §4.2", points=1, hidden_points=1),
+        Exercise("steps_per_epoch", "16 §4.2", points=1),
+        Exercise("TrainingSession", "16 §4.3", points=3, hidden_points=3),
+        Exercise("migrate_train_state", "16 §6", points=1, hidden_points=1),
     ],
+    labs=("lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py", "bench_lesson16_session.py"),
+    notebook_mistake="clip_before_unscale",
 )
 check = LESSON.check
 
 GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
-SCENARIO = LoopScenario("lesson 16 tiny model", hidden_size=32, num_hidden_layers=1, max_length=16)
-# Valid label positions per sample (labels[i, cut:] = -100), 2 samples per micro-batch: the four
-# micro-batches hold 29, 10, 2 and 1 valid shifted targets - as unequal as padding gets.
-LABEL_CUTS = ((16, 15), (9, 3), (2, 2), (2, 0))
 
 
 # --- count_loss_units ----------------------------------------------------------------------
@@ -63,7 +61,7 @@ def count_loss_units_sees_the_shift(impl):
         expect_equal(f"count_loss_units({labels})", got, expected)
 
 
-@check("count_loss_units")
+@check("count_loss_units", hidden=True)
 def count_loss_units_rejects_bad_labels(impl):
     """A 0-dim tensor or float labels raise ValueError naming labels."""
     expect_raises("count_loss_units(tensor(3))", lambda: impl.count_loss_units(torch.tensor(3)), ValueError, "labels")
@@ -87,7 +85,7 @@ def split_global_batch_micro_sizes(impl):
                      got, expected)
 
 
-@check("split_global_batch")
+@check("split_global_batch", hidden=True)
 def split_global_batch_fails_fast(impl):
     """global % accum != 0, sizes < 1, empty or oversized sample lists raise ValueError naming the argument."""
     expect_raises("split_global_batch(8 samples, 8, 3)", lambda: impl.split_global_batch(list(range(8)), 8, 3),
@@ -108,62 +106,6 @@ def steps_per_epoch_is_ceil(impl):
         expect_equal(f"steps_per_epoch({count}, {global_batch})", impl.steps_per_epoch(count, global_batch), expected)
     expect_raises("steps_per_epoch(10, 0)", lambda: impl.steps_per_epoch(10, 0), ValueError, "global_batch_size")
     expect_raises("steps_per_epoch(-1, 8)", lambda: impl.steps_per_epoch(-1, 8), ValueError, "sample_count")
-
-
-# --- TrainingSession: fixtures --------------------------------------------------------------
-
-def masked_micro_batches(cuts=LABEL_CUTS, seed: int = 7) -> list[TextBatch]:
-    """Micro-batches of 2 samples whose loss masks are decided per sample (labels[i, cut:] = -100)."""
-    input_ids, labels = tiny_batches(len(cuts) * 2, SCENARIO.max_length, 1, seed)[0]
-    samples = []
-    for i, cut in enumerate(c for pair in cuts for c in pair):
-        sample_labels = labels[i].clone()
-        sample_labels[cut:] = -100
-        samples.append((input_ids[i], sample_labels))
-    return [collate(samples[2 * j:2 * j + 2], reference_count) for j in range(len(cuts))]
-
-
-def global_batch_gradients(batches: list[TextBatch]) -> tuple[dict, torch.Tensor, int]:
-    """The oracle: one forward/backward of the whole global batch, loss = NLL sum / its valid tokens."""
-    model = tiny_model(SCENARIO)
-    input_ids = torch.cat([b.input_ids for b in batches])
-    labels = torch.cat([b.labels for b in batches])
-    units = sum(b.loss_units for b in batches)
-    nll_sum = token_nll_sum(model(input_ids).logits, labels)
-    (nll_sum / units).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, nll_sum.detach(), units
-
-
-def new_session(impl, k: int, *, optimizer_cls=torch.optim.SGD, **kwargs):
-    model = tiny_model(SCENARIO)
-    optimizer = optimizer_cls(model.parameters(), lr=0.1)
-    return impl.TrainingSession(model, optimizer, grad_accum_steps=k, **kwargs)
-
-
-def params_of(model) -> dict:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def grads_of(model) -> dict:
-    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in
-            model.named_parameters()}
-
-
-def run_update(session, batches, *, clip=0.0, units=None, step_fn=token_weighted_step,
-               **hooks) -> list[TrainingStepReport]:
-    """Drive one update the way the run driver does; returns the report of each micro-step."""
-    units = sum(b.loss_units for b in batches) if units is None else units
-    return [session.train_step(b, TrainingStepOptions(clip_grad_norm=clip, normalization_units=units,
-                                                      force_update=i == len(batches) - 1, **hooks), step_fn)
-            for i, b in enumerate(batches)]
-
-
-def capture_grads(session, into: dict):
-    """A before_update hook that snapshots the accumulated gradients and lets the update proceed."""
-    def hook():
-        into.update(grads_of(session.model))
-        return False
-    return hook
 
 
 # --- TrainingSession: the update boundary ---------------------------------------------------
@@ -238,7 +180,7 @@ def session_grad_norm_is_pre_clip(impl):
     expect_close("grad_norm (pre-clip) of the update", report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_rejects_zero_normalization_units(impl):
     """normalization_units == 0 is an explicit ValueError, and nothing is updated."""
     session = new_session(impl, 1)
@@ -253,17 +195,17 @@ def session_rejects_zero_normalization_units(impl):
     expect_raises("TrainingSession(grad_accum_steps=0)", lambda: new_session(impl, 0), ValueError, "grad_accum_steps")
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_rejects_an_optimizer_on_other_tensors(impl):
     """Python's counterpart of 'moving keeps optimizer references valid': the optimizer must hold the
     model's own Parameter objects; one built on a copy is a ValueError naming optimizer."""
-    model = tiny_model(SCENARIO)
-    orphan_optimizer = torch.optim.SGD(tiny_model(SCENARIO).parameters(), lr=0.1)
+    model = tiny_model(SESSION_SCENARIO)
+    orphan_optimizer = torch.optim.SGD(tiny_model(SESSION_SCENARIO).parameters(), lr=0.1)
     expect_raises("TrainingSession(model, optimizer over another model's parameters)",
                   lambda: impl.TrainingSession(model, orphan_optimizer, grad_accum_steps=2), ValueError, "optimizer")
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_abort_discards_the_update(impl):
     """before_update -> True: no step, parameters unchanged; the next update does not reuse those gradients."""
     batches = masked_micro_batches()
@@ -281,7 +223,7 @@ def session_abort_discards_the_update(impl):
                          expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_error_invalidates_the_accumulation(impl):
     """A step_fn error mid-update: later calls raise until reset_accumulation(); then a clean update follows."""
     batches = masked_micro_batches()
@@ -309,7 +251,7 @@ def session_error_invalidates_the_accumulation(impl):
                          rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_after_update_runs_after_step_before_zero_grad(impl):
     """after_update sees the new parameters and the update's gradients still in place."""
     session = new_session(impl, 2)
@@ -324,7 +266,7 @@ def session_after_update_runs_after_step_before_zero_grad(impl):
     expect_equal("after_update observations", seen, {"params_changed": True, "grads_present": True})
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_sets_lr_and_normalization_is_fixed_per_update(impl):
     """options.lr lands in every param group; normalization_units may not change inside an update."""
     session = new_session(impl, 2)
@@ -358,7 +300,7 @@ def count_host_syncs(counter: list):
             setattr(torch.Tensor, name, method)
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_keeps_loss_sums_on_device(impl):
     """No tensor -> host conversion (.item(), float(), bool(), .tolist()) on micro-steps inside an update."""
     session = new_session(impl, 4)
@@ -371,7 +313,7 @@ def session_keeps_loss_sums_on_device(impl):
     expect_equal("host syncs during 3 non-final micro-steps", calls, [])
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_uses_no_sync_before_the_last_microstep(impl):
     """A DDP-like model (has no_sync): micro-steps that do not close the update run inside no_sync()."""
     class SyncRecorder(torch.nn.Module):
@@ -390,14 +332,14 @@ def session_uses_no_sync_before_the_last_microstep(impl):
         def forward(self, input_ids, labels=None):
             self.forward_log.append(self.in_no_sync)
             return self.inner(input_ids, labels=labels)
-    model = SyncRecorder(tiny_model(SCENARIO))
+    model = SyncRecorder(tiny_model(SESSION_SCENARIO))
     session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=4)
     run_update(session, masked_micro_batches()[:3])
     expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
                  model.forward_log, [True, True, False])
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_amp_scaler_overflow_and_unscale_before_clip(impl):
     """Enabled GradScaler('cpu'): the pre-clip norm is the UNSCALED one; an inf gradient skips the step
     (parameters_updated False, overflow_skipped True, scale halved) and the next update steps."""
@@ -423,7 +365,7 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
                  (report.parameters_updated, session.optimizer_step), (True, 2))
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True)
 def session_runs_step_fn_under_autocast(impl):
     """autocast=torch.autocast('cpu', bfloat16): the step_fn runs inside it."""
     dtypes = []
@@ -439,11 +381,11 @@ def session_runs_step_fn_under_autocast(impl):
     expect_equal("optimizer_step after a bf16 update", session.optimizer_step, 1)
 
 
-@check("TrainingSession")
+@check("TrainingSession", hidden=True, uses=("count_loss_units", "split_global_batch", "steps_per_epoch"))
 def session_drives_the_text_run(impl):
     """The run driver with this implementation: 20 samples, global 8 / accum 4 -> updates of 8, 8, 4 samples
     (4, 4, 2 micro-steps), one optimizer step each; max_steps=2 stops after 2 UPDATES."""
-    input_ids, labels = tiny_batches(20, SCENARIO.max_length, 1, 3)[0]
+    input_ids, labels = tiny_batches(20, SESSION_SCENARIO.max_length, 1, 3)[0]
     dataset = list(zip(input_ids, labels))
     for max_steps, expected in [(0, [(8, 4), (8, 4), (4, 2)]), (2, [(8, 4), (8, 4)])]:
         session = new_session(impl, 4)
@@ -479,7 +421,7 @@ def migrate_legacy_state_to_global_semantics(impl):
                  (at_boundary["update_step_in_epoch"], at_boundary["dropped_microsteps"]), (2, 0))
 
 
-@check("migrate_train_state")
+@check("migrate_train_state", hidden=True)
 def migrate_keeps_global_states_and_rejects_bad_ones(impl):
     """A 'global' state comes back equal; unknown semantics or bad legacy values raise ValueError naming the key."""
     new = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 0,
@@ -494,3 +436,63 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
                   lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != "batch_size"}),
                   ValueError, "batch_size")
 
+# --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
+
+LESSON.mistake('loss_over_k', 'backpropagates loss / K (mean of micro-batch means) instead of unit weighting',
+               'weight = output.gradient_units / options.normalization_units',
+               'weight = 1 / self.grad_accum_steps',
+               session_global_normalization_matches_one_backward)
+LESSON.mistake('counts_unshifted_labels', 'counts labels != -100 without the shift: one target too many per row',
+               'return int((labels[..., 1:] != IGNORE_INDEX).sum())',
+               'return int((labels != IGNORE_INDEX).sum())',
+               count_loss_units_sees_the_shift)
+LESSON.mistake('steps_on_micro_count_only', 'closes an update only every K micro-steps: force_update is ignored',
+               'closes_update = options.force_update or should_step_optimizer(',
+               'closes_update = should_step_optimizer(',
+               session_force_update_commits_a_tail)
+LESSON.mistake('clip_before_unscale', 'clips the still-scaled gradients, then unscales',
+               '        self.scaler.unscale_(self.optimizer)\n        grad_norm = None\n        if options.clip_grad_norm > 0:\n            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)\n',
+               '        grad_norm = None\n        if options.clip_grad_norm > 0:\n            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)\n        self.scaler.unscale_(self.optimizer)\n',
+               session_amp_scaler_overflow_and_unscale_before_clip)
+LESSON.mistake('error_keeps_half_update', 'a failed micro-step leaves the accumulation valid: the next call reuses it',
+               '            self.accumulation_valid = False\n            raise\n',
+               '            raise\n',
+               session_error_invalidates_the_accumulation)
+LESSON.mistake('abort_keeps_gradients', 'a before_update abort forgets the counters but keeps the gradients',
+               '            self.reset_accumulation()\n            return TrainingStepReport(False',
+               '            self._clear_pending()\n            return TrainingStepReport(False',
+               session_abort_discards_the_update)
+LESSON.mistake('zero_units_accepted', 'accepts normalization_units == 0 (division by zero instead of a clear error)',
+               'if options.normalization_units <= 0:',
+               'if options.normalization_units < 0:',
+               session_rejects_zero_normalization_units)
+LESSON.mistake('loss_readback_every_microstep', 'reads the loss back to the host on every micro-step',
+               'loss_sum = output.loss_sum.detach()',
+               'loss_sum = torch.tensor(output.loss_sum.item())',
+               session_keeps_loss_sums_on_device)
+LESSON.mistake('syncs_every_microstep', 'never uses no_sync: DDP all-reduces on every micro-step',
+               'sync_ctx = no_sync() if no_sync is not None and not closes_update else nullcontext()',
+               'sync_ctx = nullcontext()',
+               session_uses_no_sync_before_the_last_microstep)
+LESSON.mistake('floor_steps_per_epoch', 'sample_count // global_batch_size: the short tail update is lost',
+               'return math.ceil(sample_count / global_batch_size)',
+               'return sample_count // global_batch_size',
+               steps_per_epoch_is_ceil)
+LESSON.mistake('split_drops_partial_micro', 'drops a partial micro-batch of a short global batch',
+               'for i in range(0, len(samples), micro)]',
+               'for i in range(0, len(samples) - micro + 1, micro)]',
+               split_global_batch_micro_sizes)
+LESSON.mistake('legacy_batch_kept_as_global', 'reads a legacy micro-batch size as the global batch',
+               'global_batch = state["batch_size"] * state["accum_steps"]',
+               'global_batch = state["batch_size"]',
+               migrate_legacy_state_to_global_semantics)
+
+LESSON.equivalent('weight_inside_the_graph', 'loss * units / N as tensor ops instead of a Python float weight',
+                  'self.scaler.scale(output.loss * weight).backward()',
+                  'self.scaler.scale(output.loss * output.gradient_units / options.normalization_units).backward()')
+LESSON.equivalent('count_with_item', '(...).sum().item() instead of int((...).sum())',
+                  'return int((labels[..., 1:] != IGNORE_INDEX).sum())',
+                  'return (labels[..., 1:] != IGNORE_INDEX).sum().item()')
+LESSON.equivalent('ceil_by_negation', '-(-n // b) instead of math.ceil(n / b)',
+                  'return math.ceil(sample_count / global_batch_size)',
+                  'return -(-sample_count // global_batch_size)')

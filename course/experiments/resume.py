@@ -15,11 +15,10 @@ from types import SimpleNamespace
 
 import torch
 
-from course.checks.lesson15 import resume_and_finish, save_objects, train_until
-from course.checks.tiny_runs import (LoopScenario, _training_objects, full_epoch_batches, run_oracle,
-                                     run_oracle_epoch)
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
+from course.runs import (LoopScenario, full_epoch_batches, resume_and_finish, run_oracle, run_oracle_epoch,
+                         save_objects, train_until, training_objects)
 
 
 def upstream_resume():
@@ -54,8 +53,8 @@ def tail_save_run(scenario: LoopScenario, folder: Path):
     """Epoch 0 with upstream's save at step == iters (before the tail flush), then resume from that file.
 
     Returns (resumed run, AdamW updates in the file, AdamW updates done in memory)."""
-    objects = _training_objects(scenario)
-    model, optimizer, scaler, _ = objects
+    objects = training_objects(scenario)
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     save_dir = folder / "tail"
 
     def save(epoch, step):
@@ -87,7 +86,7 @@ def resume_runs(impl, scenario: LoopScenario, stop_epoch: int, stop_step: int, e
         save_objects(impl, path, objects, stop_epoch, stop_step)
         resumed[exact_label] = resume_and_finish(impl, scenario, path)
         resumed["AdamW moments dropped"] = resume_and_finish(without_adam_state(impl), scenario, path)
-        model, optimizer, scaler, _ = objects
+        model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
         lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=stop_epoch, step=stop_step,
                       save_dir=str(tmp), scaler=scaler)
         resumed["fp16 weights (upstream file)"] = resume_and_finish(upstream_resume(), scenario,

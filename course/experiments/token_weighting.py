@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from course.checks.lesson16 import grads_of, run_update
+from course.lesson16_runtime.driver import epoch_order
+from course.lesson16_runtime.text import collate, naive_mean_step, token_weighted_step
 from course.minimind import TINY_CORPUS, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, setup_seed
-from course.session.driver import epoch_order
-from course.session.text import collate, naive_mean_step, token_weighted_step
+from course.runs import grads_of, run_update
 
 VARIANTS = ("full", "token_weighted", "naive")
 

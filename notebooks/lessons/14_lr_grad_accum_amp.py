@@ -15,7 +15,7 @@
 #
 # Write your code where it says `# YOUR CODE HERE` (delete the `raise NotImplementedError()`), run the
 # cell, then run the test cell under it. The test cells call exactly the checks that
-# `python -m course check 14` runs on `impl/core/train_loop.py`, so both routes grade the same way.
+# `python -m course check 14` runs on `impl/train_loop.py`, so both routes grade the same way.
 # Some test cells hold hidden tests that only run when the notebook is graded.
 #
 # The last part runs experiments on *your* functions and draws four figures (also saved under
@@ -30,8 +30,8 @@ import torch
 from matplotlib.ticker import MaxNLocator
 
 from course.checks.notebook import run_checks
-from course.checks.tiny_runs import LoopScenario, epoch_batches, run_impl, tiny_batches, tiny_model
-from course.notebooks import show_and_save
+from course.experiments.figures import show_and_save
+from course.runs import LoopScenario, epoch_batches, run_impl, tiny_batches, tiny_model
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores (with 2 threads per kernel that costs 10-50x).
@@ -43,77 +43,32 @@ torch.set_num_threads(1)
 # MiniMind's `get_lr` has no warmup: it starts at `base_lr` and ends at `0.1 * base_lr`.
 # It is evaluated at every **micro-step**, not only where the optimizer steps.
 
-# %% nbgrader={"grade": false, "grade_id": "cosine_lr", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: cosine_lr
-
-# %% nbgrader={"grade": true, "grade_id": "test_cosine_lr", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points: equals MiniMind's get_lr at many (step, total, lr) and has the right end points.
-run_checks(globals(), "14", "cosine_lr_matches_get_lr", "cosine_lr_endpoints")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_cosine_lr", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point, hidden: the argument checks the docstring asks for (the visible line keeps an unsolved
-# exercise at 0 here too).
-run_checks(globals(), "14", "cosine_lr_endpoints")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "14", "cosine_lr_rejects_bad_arguments")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Exercise 2 — scaling the loss for accumulation (lesson 14 §5.2)
 #
 # K backward passes add their gradients. Dividing each micro-batch loss by K turns that sum into a mean.
 
-# %% nbgrader={"grade": false, "grade_id": "scale_loss_for_accumulation", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: scale_loss_for_accumulation
-
-# %% nbgrader={"grade": true, "grade_id": "test_scale_loss_for_accumulation", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point: returns loss / K and keeps the autograd graph (gradient 1/K).
-run_checks(globals(), "14", "scale_loss_divides_by_k")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_scale_loss_for_accumulation", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point, hidden: the argument checks the docstring asks for.
-run_checks(globals(), "14", "scale_loss_divides_by_k")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "14", "scale_loss_rejects_bad_k")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Exercise 3 — when the optimizer steps (lesson 14 §5.3)
 #
 # Micro-steps are counted from 1. The optimizer steps when a micro-step closes a window of K.
 
-# %% nbgrader={"grade": false, "grade_id": "should_step_optimizer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: should_step_optimizer
-
-# %% nbgrader={"grade": true, "grade_id": "test_should_step_optimizer", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point: steps at micro-steps K, 2K, ... and nowhere else.
-run_checks(globals(), "14", "should_step_at_window_ends")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_should_step_optimizer", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point, hidden: the argument checks the docstring asks for.
-run_checks(globals(), "14", "should_step_at_window_ends")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "14", "should_step_rejects_bad_arguments")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Exercise 4 — the tail of an epoch (lesson 14 §5.4)
 #
 # When an epoch ends inside a window, its gradients are still waiting; they must not be thrown away.
 
-# %% nbgrader={"grade": false, "grade_id": "should_flush_tail", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: should_flush_tail
-
-# %% nbgrader={"grade": true, "grade_id": "test_should_flush_tail", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point: flushes exactly when the epoch ran micro-steps and ended mid-window (resumes included).
-run_checks(globals(), "14", "should_flush_only_a_partial_window")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_should_flush_tail", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point, hidden: the argument checks the docstring asks for.
-run_checks(globals(), "14", "should_flush_only_a_partial_window")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "14", "should_flush_rejects_bad_arguments")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Exercise 5 — one epoch of the training loop (lesson 14 §5.5)
@@ -123,19 +78,8 @@ run_checks(globals(), "14", "should_flush_rejects_bad_arguments")
 # The test runs your loop and MiniMind's on the same tiny model and data and compares every record,
 # every parameter and the AdamW state.
 
-# %% nbgrader={"grade": false, "grade_id": "train_one_epoch", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: train_one_epoch
-
-# %% nbgrader={"grade": true, "grade_id": "test_train_one_epoch", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-# 3 points: fp32 runs (K = 1, 3, 4, 8, a resume, MoE) match the oracle; the tail flush is recorded.
-run_checks(globals(), "14", "train_one_epoch_matches_oracle_fp32", "train_one_epoch_marks_the_tail_flush")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_train_one_epoch", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points, hidden: bf16 autocast and a GradScaler overflow match the oracle; bad arguments are rejected.
-run_checks(globals(), "14", "train_one_epoch_marks_the_tail_flush")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "14", "train_one_epoch_matches_oracle_amp", "train_one_epoch_rejects_bad_arguments")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Experiments on your code

@@ -15,7 +15,7 @@
 #
 # Write your code where it says `# YOUR CODE HERE` (delete the `raise NotImplementedError()`), run the
 # cell, then run the test cell under it. The test cells call exactly the checks that
-# `python -m course check 15` runs on `impl/core/checkpoint.py`, so both routes grade the same way.
+# `python -m course check 15` runs on `impl/checkpoint.py`, so both routes grade the same way.
 # Some test cells hold hidden tests that only run when the notebook is graded.
 #
 # Training always runs on the course's oracle loop, so this lesson does not depend on your lesson 14.
@@ -35,9 +35,9 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from course.checks.notebook import run_checks
-from course.checks.tiny_runs import LoopScenario
+from course.experiments.figures import show_and_save
 from course.experiments.resume import draw_loss_curves, drift, resume_runs
-from course.notebooks import show_and_save
+from course.runs import LoopScenario
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores.
@@ -50,20 +50,8 @@ torch.set_num_threads(1)
 # `step` batches. Upstream's sampler keeps the final partial batch; yours also refuses a skip the
 # epoch cannot have.
 
-# %% nbgrader={"grade": false, "grade_id": "SkipBatchSampler", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: SkipBatchSampler
-
-# %% nbgrader={"grade": true, "grade_id": "test_SkipBatchSampler", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points: the same batches and len as upstream's sampler for every skip of several epochs.
-run_checks(globals(), "15", "skip_batch_sampler_matches_upstream")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_SkipBatchSampler", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point, hidden: the argument checks the docstring asks for (the visible line keeps an unsolved
-# exercise at 0 here too).
-run_checks(globals(), "15", "skip_batch_sampler_matches_upstream")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "15", "skip_batch_sampler_rejects_bad_arguments")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Exercise 2 — writing a resume checkpoint (lesson 15 §5.2, principles in §1.1–§1.7)
@@ -71,41 +59,16 @@ run_checks(globals(), "15", "skip_batch_sampler_rejects_bad_arguments")
 # Everything the next micro-step reads: fp32 weights, AdamW's moments, the GradScaler, the counters,
 # the world size. Written to a temporary file and renamed, so a crash never destroys the last good one.
 
-# %% nbgrader={"grade": false, "grade_id": "save_checkpoint", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: save_checkpoint
-
-# %% nbgrader={"grade": true, "grade_id": "test_save_checkpoint", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points: every entry is there, bit for bit, and loads with weights_only=True.
-run_checks(globals(), "15", "save_checkpoint_writes_full_state")
 
 # %% [markdown]
 # ## Exercise 3 — loading it back, validating first (lesson 15 §5.3)
 #
 # `weights_only=True`, and every entry checked before the model, optimizer or scaler change.
 
-# %% nbgrader={"grade": false, "grade_id": "load_checkpoint", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: load_checkpoint
-
-# %% nbgrader={"grade": true, "grade_id": "test_load_checkpoint", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points: fresh model, optimizer and scaler get the saved state bit for bit.
-run_checks(globals(), "15", "load_checkpoint_restores_everything")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_save_checkpoint", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points, hidden (exercise 2, placed here because the atomic-write test reloads the surviving file with
-# your load_checkpoint): an atomic write, no save with pending gradients, no negative counters.
-run_checks(globals(), "15", "save_checkpoint_writes_full_state")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "15", "save_checkpoint_is_atomic", "save_checkpoint_refuses_pending_gradients",
-           "save_checkpoint_rejects_bad_counters")
-### END HIDDEN TESTS
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_load_checkpoint", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points, hidden: unreadable and foreign files are refused untouched; the world-size rescale.
-run_checks(globals(), "15", "load_checkpoint_restores_everything")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "15", "load_checkpoint_rejects_unreadable_files", "load_checkpoint_rejects_foreign_checkpoints",
-           "load_checkpoint_rescales_step_for_world_size")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Exercise 4 — where to continue, and the whole resume (lesson 15 §5.4, graded as in §6.2)
@@ -115,19 +78,8 @@ run_checks(globals(), "15", "load_checkpoint_rejects_unreadable_files", "load_ch
 # objects with your `load_checkpoint`, positions it with your `resume_position`, feeds it with your
 # `SkipBatchSampler` and finishes: the result must equal the run that never stopped, **bitwise**.
 
-# %% nbgrader={"grade": false, "grade_id": "resume_position", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %%
 # exercise: resume_position
-
-# %% nbgrader={"grade": true, "grade_id": "test_resume_position", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# 2 points: the resume positions; an fp32 resume (dense K = 2 and 4, MoE) equals the uninterrupted run.
-run_checks(globals(), "15", "resume_position_cases", "exact_resume_fp32")
-
-# %% nbgrader={"grade": true, "grade_id": "hidden_resume_position", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-# 1 point, hidden: the same with an enabled GradScaler whose scale was halved before the stop.
-run_checks(globals(), "15", "resume_position_cases")
-### BEGIN HIDDEN TESTS
-run_checks(globals(), "15", "exact_resume_with_grad_scaler")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Experiment on your code: resumed vs uninterrupted loss curves (lesson 15 §6.3)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from course.minimind import IGNORE_INDEX
-from course.session_types import TrainingStepOutput
+from .types import TrainingStepOutput
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,15 @@ class TextBatch:
     loss_units: int           # valid shifted targets, counted when the batch was built
 
 
+def shifted_target_count(labels: torch.Tensor) -> int:
+    """Valid next-token targets of ``labels``: the positions ``token_nll_sum`` counts (no checks; the
+    lesson's exercise ``count_loss_units`` adds them)."""
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())
+
+
 def collate(samples, count_loss_units) -> TextBatch:
-    """Stack ``(input_ids, labels)`` samples; ``count_loss_units`` is the lesson's exercise function."""
+    """Stack ``(input_ids, labels)`` samples; ``count_loss_units`` is the lesson's exercise function
+    (or ``shifted_target_count``)."""
     input_ids = torch.stack([x for x, _ in samples])
     labels = torch.stack([y for _, y in samples])
     return TextBatch(input_ids, labels, count_loss_units(labels))

@@ -1,13 +1,13 @@
 """A MiniMind-style pretrain script on the lesson-16 protocol.
 
 ``--batch-size`` is the GLOBAL batch (samples per optimizer update) and ``--accum-steps`` the
-micro-steps per update, so the micro-batch is ``batch_size / accum_steps`` (design note §2). The
+micro-steps per update, so the micro-batch is ``batch_size / accum_steps`` (lesson 16 §5). The
 script saves ``train_state.pt``, a lesson-15 resume checkpoint carrying ``batch_size_semantics="global"``,
 and resumes from it or from a legacy one (``batch_size`` = micro-batch, ``step`` = micro-steps, e.g.
 ``impl/train_pretrain_impl.py --save_interval``), at the last update boundary.
 
-    python -m course.session.train_text --batch-size 8 --accum-steps 4 --epochs 1
-    python -m course.session.train_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
+    python -m course.lesson16_runtime.train_text --batch-size 8 --accum-steps 4 --epochs 1
+    python -m course.lesson16_runtime.train_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
 """
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from tqdm import tqdm
 
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
                              MiniMindForCausalLM, PretrainDataset, setup_seed)
-from course.reference.core.train_session import TrainingSession
-from course.session_types import TrainingRunState
+from course.reference import train_session as reference_impl
 
-from .driver import LossReadback, dataset_identity, load_train_state, run_text_training, save_train_state
+from .driver import LossReadback, dataset_identity, run_text_training
+from .train_state import load_train_state, save_train_state
+from .types import TrainingRunState
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +65,7 @@ def main(argv=None) -> list[dict]:
     model = MiniMindForCausalLM(MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-    session = TrainingSession(model, optimizer, grad_accum_steps=args.accum_steps, autocast=autocast)
+    session = reference_impl.TrainingSession(model, optimizer, grad_accum_steps=args.accum_steps, autocast=autocast)
     dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
     identity = dataset_identity(dataset, Path(args.data_path).name)
     run = TrainingRunState(dataset_identity=identity, seed=args.seed, base_lr=args.learning_rate)
@@ -98,7 +99,7 @@ def main(argv=None) -> list[dict]:
                                 epochs=args.epochs, grad_clip=args.grad_clip, max_steps=args.max_steps,
                                 save_interval=args.save_interval, save_fn=save,
                                 log_interval=args.log_interval, log_fn=log, readback=LossReadback(),
-                                on_update=advance)
+                                on_update=advance, impl=reference_impl)
     progress.close()
     save(run)
     print(f"saved {save_path} at update {run.global_step} (epoch {run.epoch}, update {run.update_step_in_epoch} "

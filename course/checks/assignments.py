@@ -1,62 +1,58 @@
-"""Lesson notebooks: build nbgrader sources from jupytext files and generate the student release.
+"""The nbgrader assignments: build each lesson's source notebook and its student release.
 
-The source of truth is ``notebooks/lessons/<assignment>.py`` (jupytext ``py:percent``, nbgrader
-metadata in the ``# %%`` headers). A code cell whose whole text is ``# exercise: NAME`` becomes the
-exercise's solution cell: the signature and TODO docstring of ``impl/``'s stub, then the body of
-the reference solution between ``### BEGIN SOLUTION`` / ``### END SOLUTION`` (private helpers and
-UPPER_CASE constants it uses are nested inside). A class exercise keeps the stub's class header and
-docstring and gets one such region per method of the reference. The notebook never holds a
-hand-made copy of a solution.
+The source of truth is ``notebooks/lessons/<lesson>.py`` (jupytext ``py:percent``): prose, the setup
+cell, experiments, and one code cell ``# exercise: NAME`` per exercise. Everything graded is
+generated from the lesson's descriptor (``course/checks/lessonNN.py``):
+
+* the exercise cell becomes the solution cell: the signature and TODO docstring of ``impl/``'s stub,
+  then the reference's body between ``### BEGIN SOLUTION`` / ``### END SOLUTION`` (private helpers
+  and UPPER_CASE constants it uses nested inside; a class gets one region per method);
+* after it come its grade cells: ``test_NAME`` runs the exercise's visible checks for
+  ``Exercise.points``, ``hidden_NAME`` its hidden checks for ``Exercise.hidden_points`` (between
+  ``### BEGIN/END HIDDEN TESTS``, after one visible check so that the release fails it too). A grade
+  cell whose checks call other exercises (``uses``) waits until those exercises are defined.
 
     python -m course release            # every lesson: notebooks/source/ and notebooks/release/
 
-Adding a lesson's notebook = one jupytext file + one entry in ``NOTEBOOKS``.
+nbgrader runs as ``sys.executable -m nbgrader`` with the interpreter's bin directory first on PATH:
+it shells out to helpers (``alembic``) that an unactivated virtual environment does not put on PATH.
 """
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .checks import get_lesson
-from .checks.framework import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
+from . import LESSONS, get_lesson
+from .framework import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, Lesson
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 EXERCISE_CELL = re.compile(r"^# exercise: (\w+)\s*$")
 
 
-@dataclass(frozen=True)
-class LessonNotebook:
-    lesson_id: str
-    assignment: str   # nbgrader assignment name, also the notebook's file name
-
-    @property
-    def jupytext_path(self) -> Path:
-        return NOTEBOOKS_DIR / "lessons" / f"{self.assignment}.py"
-
-    def source_path(self, course_dir: Path) -> Path:
-        return Path(course_dir) / "source" / self.assignment / f"{self.assignment}.ipynb"
-
-    def release_path(self, course_dir: Path) -> Path:
-        return Path(course_dir) / "release" / self.assignment / f"{self.assignment}.ipynb"
+def jupytext_path(lesson: Lesson) -> Path:
+    return NOTEBOOKS_DIR / "lessons" / f"{lesson.name}.py"
 
 
-NOTEBOOKS: dict[str, LessonNotebook] = {
-    "14": LessonNotebook("14", "14_lr_grad_accum_amp"),
-    "15": LessonNotebook("15", "15_checkpoint_resume"),
-    "16": LessonNotebook("16", "16_token_weighted_training_session"),
-}
+def source_path(lesson: Lesson, course_dir: Path) -> Path:
+    return Path(course_dir) / "source" / lesson.name / f"{lesson.name}.ipynb"
 
 
-def get_notebook(lesson_id: str) -> LessonNotebook:
-    if lesson_id not in NOTEBOOKS:
-        raise ValueError(f"lesson must be one of {sorted(NOTEBOOKS)}, got {lesson_id!r}")
-    return NOTEBOOKS[lesson_id]
+def release_path(lesson: Lesson, course_dir: Path) -> Path:
+    return Path(course_dir) / "release" / lesson.name / f"{lesson.name}.ipynb"
+
+
+def nbgrader(course_dir: Path, *args: str, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+    """``nbgrader ARGS`` in ``course_dir`` with this interpreter, its helper programs found on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = dict(os.environ, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 # --- solution cells from the reference -------------------------------------------------------
@@ -193,11 +189,66 @@ def solution_cell(name: str, stub_source: str, reference_source: str) -> str:
     return build(stub, stub_source, reference, reference_source, references)
 
 
-# --- building the nbgrader source notebook ----------------------------------------------------
+# --- grade cells from the descriptor -------------------------------------------------------------
 
-def build_source(notebook: LessonNotebook, course_dir: Path = NOTEBOOKS_DIR,
-                 reference_source: Optional[str] = None) -> Path:
-    """Write ``course_dir/source/<assignment>/<assignment>.ipynb``; returns its path.
+def _nbgrader_metadata(grade_id: str, *, solution: bool = False, points: int = 0) -> dict:
+    meta = {"grade": points > 0, "grade_id": grade_id, "locked": not solution, "schema_version": 3,
+            "solution": solution, "task": False}
+    if points:
+        meta["points"] = points
+    return meta
+
+
+def _comment(text: str) -> str:
+    return "\n".join(textwrap.wrap(text, width=108, initial_indent="# ", subsequent_indent="# "))
+
+
+def _run_checks(lesson_id: str, names: list[str]) -> str:
+    call = f'run_checks(globals(), "{lesson_id}", ' + ", ".join(f'"{n}"' for n in names) + ")"
+    return "\n".join(textwrap.wrap(call, width=110, subsequent_indent=" " * 11, break_long_words=False,
+                                    break_on_hyphens=False))
+
+
+def _summary(checks) -> str:
+    return " ".join(c.doc.split("\n\n")[0].replace("\n", " ").strip() for c in checks)
+
+
+def _points(points: int) -> str:
+    return f"{points} point{'s' if points != 1 else ''}"
+
+
+def grade_cells(lesson: Lesson) -> list[tuple[set, str, str, int]]:
+    """(exercises it needs, grade_id, source, points) of every grade cell, in exercise order."""
+    cells = []
+    for exercise in lesson.exercises:
+        mine = [c for c in lesson.checks if c.exercise == exercise.name]
+        visible, hidden = [c for c in mine if not c.hidden], [c for c in mine if c.hidden]
+        if not visible or exercise.points < 1:
+            raise ValueError(f"lesson {lesson.lesson_id}: exercise {exercise.name} needs a visible check and "
+                             f"points >= 1 (has {len(visible)} visible checks, points={exercise.points})")
+        if bool(hidden) != (exercise.hidden_points > 0):
+            raise ValueError(f"lesson {lesson.lesson_id}: exercise {exercise.name} has {len(hidden)} hidden checks "
+                             f"and hidden_points={exercise.hidden_points}: both or neither")
+        needs = {exercise.name, *(u for c in visible for u in c.uses)}
+        source = "\n".join([_comment(f"{_points(exercise.points)}: {_summary(visible)}"),
+                            _run_checks(lesson.lesson_id, [c.name for c in visible])])
+        cells.append((needs, f"test_{exercise.name}", source, exercise.points))
+        if hidden:
+            guard = visible[0]
+            needs = {exercise.name, *guard.uses, *(u for c in hidden for u in c.uses)}
+            source = "\n".join([
+                _comment(f"{_points(exercise.hidden_points)}, hidden (the tests run when the notebook is graded; "
+                         f"the visible line keeps an unsolved exercise at 0): {_summary(hidden)}"),
+                _run_checks(lesson.lesson_id, [guard.name]), "### BEGIN HIDDEN TESTS",
+                _run_checks(lesson.lesson_id, [c.name for c in hidden]), "### END HIDDEN TESTS"])
+            cells.append((needs, f"hidden_{exercise.name}", source, exercise.hidden_points))
+    return cells
+
+
+# --- building the nbgrader source notebook -----------------------------------------------------
+
+def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_source: Optional[str] = None) -> Path:
+    """Write ``course_dir/source/<lesson>/<lesson>.ipynb``; returns its path.
 
     ``reference_source`` replaces the reference module's text (tests build a submission with a
     catalogued mistake this way).
@@ -205,57 +256,64 @@ def build_source(notebook: LessonNotebook, course_dir: Path = NOTEBOOKS_DIR,
     import jupytext
     import nbformat
 
-    lesson = get_lesson(notebook.lesson_id)
-    stub_source = (STUDENT_DIR / lesson.module_path).read_text(encoding="utf-8")
+    stub_source = (STUDENT_DIR / lesson.module_file).read_text(encoding="utf-8")
     if reference_source is None:
-        reference_source = (REFERENCE_DIR / lesson.module_path).read_text(encoding="utf-8")
-    nb = jupytext.read(notebook.jupytext_path, fmt="py:percent")
+        reference_source = (REFERENCE_DIR / lesson.module_file).read_text(encoding="utf-8")
+    nb = jupytext.read(jupytext_path(lesson), fmt="py:percent")
     nb.metadata.pop("jupytext", None)
-    exercises = {e.name for e in lesson.exercises}
+    exercises = [e.name for e in lesson.exercises]
+    pending, seen, cells = grade_cells(lesson), set(), []
     for index, cell in enumerate(nb.cells):
+        cells.append(cell)
         match = EXERCISE_CELL.match(cell.source) if cell.cell_type == "code" else None
-        if match:
-            if match.group(1) not in exercises:
-                raise ValueError(f"{notebook.jupytext_path.name}: cell {index} names {match.group(1)!r}, "
-                                 f"not an exercise of lesson {lesson.lesson_id} {sorted(exercises)}")
-            cell.source = solution_cell(match.group(1), stub_source, reference_source)
-        # Stable ids keep the generated notebooks identical from build to build.
-        cell.id = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell-{index:02d}")
-    path = notebook.source_path(course_dir)
+        if not match:
+            # Stable ids keep the generated notebooks identical from build to build.
+            cell.id = cell.metadata.get("nbgrader", {}).get("grade_id", f"cell-{index:02d}")
+            continue
+        name = match.group(1)
+        if name not in exercises or name in seen:
+            raise ValueError(f"{jupytext_path(lesson).name}: cell {index} names {name!r}; each exercise of lesson "
+                             f"{lesson.lesson_id} {exercises} needs exactly one exercise cell")
+        seen.add(name)
+        cell.source = solution_cell(name, stub_source, reference_source)
+        cell.metadata["nbgrader"] = _nbgrader_metadata(name, solution=True)
+        cell.id = name
+        for needs, grade_id, source, points in [p for p in pending if p[0] <= seen]:
+            grade = nbformat.v4.new_code_cell(source, metadata={"nbgrader": _nbgrader_metadata(grade_id, points=points)})
+            grade.id = grade_id
+            cells.append(grade)
+        pending = [p for p in pending if not p[0] <= seen]
+    if pending:
+        raise ValueError(f"{jupytext_path(lesson).name}: no exercise cell for {sorted(set(exercises) - seen)}")
+    nb.cells = cells
+    path = source_path(lesson, course_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.validate(nb)
     nbformat.write(nb, path)
     return path
 
 
-def generate_release(notebook: LessonNotebook, course_dir: Path = NOTEBOOKS_DIR) -> Path:
+def notebook_lessons() -> list[Lesson]:
+    """Every lesson with a notebook source in notebooks/lessons/."""
+    return [lesson for _, lesson in sorted(LESSONS.items()) if jupytext_path(lesson).is_file()]
+
+
+def generate_release(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR) -> Path:
     """``nbgrader generate_assignment`` in ``course_dir`` (which holds nbgrader_config.py)."""
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", "generate_assignment", notebook.assignment,
-                           "--force"], cwd=course_dir, capture_output=True, text=True)
+    proc = nbgrader(course_dir, "generate_assignment", lesson.name, "--force")
     if proc.returncode != 0:
-        raise RuntimeError(f"nbgrader generate_assignment {notebook.assignment} failed:\n"
+        raise RuntimeError(f"nbgrader generate_assignment {lesson.name} failed:\n"
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
-    return notebook.release_path(course_dir)
+    return release_path(lesson, course_dir)
 
 
 def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]] = None) -> list[Path]:
     """Rebuild the source and the release of every (or the named) lesson notebook."""
     if not (Path(course_dir) / "nbgrader_config.py").is_file():
         raise ValueError(f"course_dir {str(course_dir)!r} has no nbgrader_config.py (use notebooks/ or a copy)")
+    lessons = [get_lesson(i) for i in lesson_ids] if lesson_ids else notebook_lessons()
     paths = []
-    for lesson_id in lesson_ids or sorted(NOTEBOOKS):
-        notebook = get_notebook(lesson_id)
-        build_source(notebook, course_dir)
-        paths.append(generate_release(notebook, course_dir))
+    for lesson in lessons:
+        build_source(lesson, course_dir)
+        paths.append(generate_release(lesson, course_dir))
     return paths
-
-
-def show_and_save(fig, name: str, folder: str = "figures") -> Path:
-    """Save ``fig`` as ``folder/name.png`` (next to the notebook) and show it inline."""
-    import matplotlib.pyplot as plt
-
-    path = Path(folder) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.show()
-    return path

@@ -1,6 +1,6 @@
 """Lesson-14 numbers: check-command time, and the reference loop's cost relative to the oracle loop.
 
-    python labs/bench_lesson14.py --repeats 5
+    python labs/bench_lesson14_grader.py --repeats 5
 
 Timing belongs here, not in tests (a loaded CI machine must not fail a test for being slow).
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from course.checks import get_lesson, load_impl
-from course.checks.tiny_runs import LoopScenario, run_impl, run_oracle
+from course.implementations import load_implementation
+from course.runs import LoopScenario, run_impl, run_oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def time_command(cmd: list[str], repeats: int) -> list[float]:
 def loop_ratio(repeats: int) -> tuple[float, float, float]:
     """Median seconds of the oracle and the reference on one workload, run alternately."""
     scenario = LoopScenario("bench", epochs=1, iters=40, batch_size=4, max_length=64)
-    reference = load_impl(get_lesson("14"), "reference")
+    reference = load_implementation("train_loop.py", "reference")
     oracle_t, ref_t = [], []
     runs = [(lambda: run_oracle.__wrapped__(scenario), oracle_t),
             (lambda: run_impl(reference.train_one_epoch, scenario), ref_t)]

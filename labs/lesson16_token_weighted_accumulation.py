@@ -1,6 +1,6 @@
 """Lesson 16 lab: naive ``loss / K`` vs token-weighted accumulation vs the true full batch.
 
-    python labs/token_weighted_accumulation.py
+    python labs/lesson16_token_weighted_accumulation.py
 
 The comparison itself (three copies of the tiny MiniMind: full batch, token-weighted, naive) lives in
 ``course/experiments/token_weighting.py``, shared with the lesson 16 notebook; this lab runs it on
@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from course.experiments.token_weighting import VARIANTS, Setup, compare, draw_comparison  # noqa: E402
-from course.reference.core import train_session as reference  # noqa: E402
+from course.reference import train_session as reference  # noqa: E402
 
 
 def plot(history: dict, out: Path) -> None:

@@ -1,9 +1,9 @@
 """The API types of lesson 16's single-step training protocol (not exercises).
 
-Both the student's ``impl/core/train_session.py`` and the reference import these, so a
+Both the student's ``impl/train_session.py`` and the reference import these, so a
 submission and the reference speak the same language to the run driver and to the checks.
 
-State split (design note §6):
+State split (lesson 16 §6):
 
 * ``TrainingSessionState`` - what the session owns: lr, optimizer steps, the micro-steps and loss
   numerators of the update in progress, and whether that accumulation is still valid.
@@ -87,7 +87,7 @@ class TrainingStepReport:
 
 @dataclass
 class TrainingSessionState:
-    """The session's own state (design note §6, ``TrainingSessionState``)."""
+    """The session's own state (lesson 16 §6)."""
 
     lr: float
     optimizer_step: int

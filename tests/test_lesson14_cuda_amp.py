@@ -9,18 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.checks.lesson14 import BASE, LESSON, compare_runs
-from course.checks.tiny_runs import run_impl, run_oracle
+from course.checks.lesson14 import LESSON, compare_runs
+from course.runs import run_impl, run_oracle
+from course.runs.scenarios import LOOP_BASE
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
 
 CUDA_SCENARIOS = [
-    BASE.with_(name="CUDA bf16 autocast, K=4", device="cuda", autocast_dtype="bfloat16"),
-    BASE.with_(name="CUDA fp16 autocast + GradScaler", device="cuda", autocast_dtype="float16", scaler_enabled=True),
-    BASE.with_(name="CUDA fp16 + GradScaler, overflow in micro-step 6", device="cuda", autocast_dtype="float16",
+    LOOP_BASE.with_(name="CUDA bf16 autocast, K=4", device="cuda", autocast_dtype="bfloat16"),
+    LOOP_BASE.with_(name="CUDA fp16 autocast + GradScaler", device="cuda", autocast_dtype="float16", scaler_enabled=True),
+    LOOP_BASE.with_(name="CUDA fp16 + GradScaler, overflow in micro-step 6", device="cuda", autocast_dtype="float16",
                scaler_enabled=True, overflow_at_backward=6),
-    BASE.with_(name="CUDA MoE bf16", device="cuda", autocast_dtype="bfloat16", use_moe=True),
+    LOOP_BASE.with_(name="CUDA MoE bf16", device="cuda", autocast_dtype="bfloat16", use_moe=True),
 ]
 
 

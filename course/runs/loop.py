@@ -87,7 +87,18 @@ def epoch_batches(scenario: LoopScenario, epoch: int) -> list:
     return list(batches[skip:])
 
 
-def _training_objects(scenario: LoopScenario):
+@dataclass
+class TrainingObjects:
+    """Everything a run trains with; ``autocast_ctx`` is entered around each forward pass."""
+    model: MiniMindForCausalLM
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast_ctx: object
+
+
+def training_objects(scenario: LoopScenario) -> TrainingObjects:
+    """A seeded tiny model, AdamW, a GradScaler and the autocast context of ``scenario`` (with the
+    injected overflow hook when the scenario asks for one)."""
     model = tiny_model(scenario)
     optimizer = torch.optim.AdamW(model.parameters(), lr=scenario.base_lr)
     device_type = torch.device(scenario.device).type
@@ -101,10 +112,12 @@ def _training_objects(scenario: LoopScenario):
             calls["n"] += 1
             return grad + float("inf") if calls["n"] == scenario.overflow_at_backward else grad
         model.model.norm.weight.register_hook(inject_overflow)
-    return model, optimizer, scaler, autocast_ctx
+    return TrainingObjects(model, optimizer, scaler, autocast_ctx)
 
 
-def _result(model, optimizer, scaler, records) -> RunResult:
+def run_result(objects: TrainingObjects, records: list[dict]) -> RunResult:
+    """Records plus detached copies of the parameters, AdamW state and GradScaler scale."""
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     names = {id(p): n for n, p in model.named_parameters()}
     opt_state = {names[id(p)]: {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
                                 for k, v in st.items()}
@@ -117,44 +130,43 @@ def _plain(value):
     return float(value) if torch.is_tensor(value) else value
 
 
-def run_oracle_epoch(scenario: LoopScenario, objects, epoch: int, loader, start_step: int,
+def run_oracle_epoch(scenario: LoopScenario, objects: TrainingObjects, epoch: int, loader, start_step: int,
                      save_checkpoint=None, save_interval: int = 10 ** 9) -> list[dict]:
-    """One call of the oracle's ``train_epoch`` on ``objects`` = (model, optimizer, scaler, autocast_ctx);
-    returns its trace records tagged with ``epoch``. ``save_checkpoint(epoch, step)`` runs where upstream saves."""
-    model, optimizer, scaler, autocast_ctx = objects
+    """One call of the oracle's ``train_epoch`` on ``objects``; returns its trace records tagged with
+    ``epoch``. ``save_checkpoint(epoch, step)`` runs where upstream saves."""
     args = SimpleNamespace(device=scenario.device, epochs=scenario.epochs, learning_rate=scenario.base_lr,
                            accumulation_steps=scenario.accumulation_steps, grad_clip=scenario.grad_clip,
                            log_interval=10 ** 9, save_interval=save_interval)
     trace = []
     # Upstream logs at step == iters; silence it here, tests compare the trace instead.
     with contextlib.redirect_stdout(io.StringIO()):
-        oracle_train_epoch(epoch, loader, scenario.iters, start_step, model=model, optimizer=optimizer,
-                           scaler=scaler, autocast_ctx=autocast_ctx, args=args,
+        oracle_train_epoch(epoch, loader, scenario.iters, start_step, model=objects.model,
+                           optimizer=objects.optimizer, scaler=objects.scaler, autocast_ctx=objects.autocast_ctx, args=args,
                            save_checkpoint=save_checkpoint, trace=trace)
     return [dict({k: _plain(v) for k, v in r.items()}, epoch=epoch) for r in trace]
 
 
 @functools.lru_cache(maxsize=32)
 def run_oracle(scenario: LoopScenario) -> RunResult:
-    objects = _training_objects(scenario)
+    objects = training_objects(scenario)
     records = []
     for epoch in range(scenario.start_epoch, scenario.epochs):
         start = scenario.start_step if epoch == scenario.start_epoch else 0
         records += run_oracle_epoch(scenario, objects, epoch, epoch_batches(scenario, epoch), start)
-    return _result(*objects[:3], records)
+    return run_result(objects, records)
 
 
 def run_impl(train_one_epoch, scenario: LoopScenario) -> RunResult:
-    model, optimizer, scaler, autocast_ctx = _training_objects(scenario)
+    objects = training_objects(scenario)
     records = []
     for epoch in range(scenario.start_epoch, scenario.epochs):
         start = scenario.start_step if epoch == scenario.start_epoch else 0
-        out = train_one_epoch(model, epoch_batches(scenario, epoch), optimizer, device=scenario.device,
+        out = train_one_epoch(objects.model, epoch_batches(scenario, epoch), objects.optimizer, device=scenario.device,
                               epoch=epoch, epochs=scenario.epochs, iters=scenario.iters,
                               base_lr=scenario.base_lr, accumulation_steps=scenario.accumulation_steps,
-                              grad_clip=scenario.grad_clip, scaler=scaler, autocast_ctx=autocast_ctx,
+                              grad_clip=scenario.grad_clip, scaler=objects.scaler, autocast_ctx=objects.autocast_ctx,
                               start_step=start)
         if not isinstance(out, list):
             raise TypeError(f"train_one_epoch must return a list of dicts, got {type(out).__name__}")
         records += [dict(r, epoch=epoch) for r in out]
-    return _result(model, optimizer, scaler, records)
+    return run_result(objects, records)

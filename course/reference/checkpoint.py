@@ -1,4 +1,4 @@
-"""Reference solutions for lesson 15 (``impl/core/checkpoint.py`` is the student's copy).
+"""Reference solutions for lesson 15 (``impl/checkpoint.py`` is the student's copy).
 
 Where upstream (``course/minimind/trainer_utils.py``: ``SkipBatchSampler``, ``lm_checkpoint``) is
 lossy or silent, these are exact and loud: fp32 model state, atomic writes, ``weights_only=True``

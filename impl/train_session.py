@@ -4,7 +4,7 @@ Read course/lessons/16_token_weighted_training_session.md (Chinese:
 course/lessons/zh/16_token_weighted_training_session.md), replace each ``raise NotImplementedError``
 with your code, then run ``python -m course check 16``. The API types (``TrainingStepOutput``,
 ``TrainingStepOptions``, ``TrainingStepReport``, ``TrainingSessionState``,
-``AccumulationInvalidError``) are given in ``course/session_types.py``.
+``AccumulationInvalidError``) are given in ``course/lesson16_runtime/types.py``.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from contextlib import nullcontext  # noqa: F401 - autocast=None and the DDP no_
 
 import torch  # noqa: F401
 
+from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
+                                           TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX  # noqa: F401
-from course.session_types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
-                                  TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 
 
 def count_loss_units(labels: torch.Tensor) -> int:

@@ -1,5 +1,5 @@
-"""Lesson 15: every check of ``course.checks.lesson15`` for each implementation, plus what only the
-reference and the stage assembly can show: exact resume in a NEW process, a kill during a save,
+"""Lesson 15 beyond its checks (those run in tests/test_lesson_checks.py): what only the reference and
+the stage assembly can show: exact resume in a NEW process, a kill during a save,
 the cost of a mid-accumulation save, and ``impl/train_pretrain_impl.py --resume``.
 
 Runs compared bitwise across processes pin ``torch.set_num_threads(1)`` on both sides: CPU kernels
@@ -18,27 +18,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from course.checks import get_lesson
-from course.checks.framework import REFERENCE_DIR, expect_equal, load_module
-from course.checks.lesson15 import (BASE, RESUME_FP32, RESUME_SCALER, compare_resumed, resume_and_finish,
-                                    save_objects, train_until)
-from course.checks.tiny_runs import LoopScenario, RunResult, _training_objects, full_epoch_batches, run_oracle, run_oracle_epoch
-from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
+from course.checks.framework import expect_equal
+from course.checks.lesson15 import compare_resumed
+from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind.train_pretrain import build_training
+from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
+from course.runs import (LoopScenario, RunResult, full_epoch_batches, resume_and_finish, run_oracle, run_oracle_epoch,
+                         save_objects, train_until, training_objects)
+from course.runs.scenarios import RESUME_BASE, RESUME_FP32, RESUME_SCALER
 
-ROOT = Path(__file__).resolve().parents[1]
-LESSON = get_lesson("15")
-REFERENCE = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "test15_reference")
+ROOT = REPO_ROOT
+REFERENCE = load_implementation("checkpoint.py", "reference")
 train_pretrain_impl = load_module(ROOT / "impl" / "train_pretrain_impl.py", "test15_stage")
 
 CHILD_RESUME = """
 import json, sys, torch
 torch.set_num_threads(1)
-from course.checks.framework import REFERENCE_DIR, load_module
-from course.checks.lesson15 import resume_and_finish
-from course.checks.tiny_runs import LoopScenario
-reference = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "child_reference")
+from course.implementations import load_implementation
+from course.runs import LoopScenario, resume_and_finish
+reference = load_implementation("checkpoint.py", "reference")
 results = [resume_and_finish(reference, LoopScenario(**fields), path) for fields, path in json.loads(sys.argv[1])]
 torch.save([dict(records=r.records, params=r.params, optimizer_state=r.optimizer_state, scale=r.scale)
             for r in results], sys.argv[2])
@@ -53,17 +52,13 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("check_name", [c.name for c in LESSON.checks])
-def test_lesson15(graded, check_name):
-    graded(LESSON, check_name)
-
-
 def test_upstream_oracle_sampler_and_checkpoint(tmp_path, monkeypatch):
     """The oracle keeps upstream's behaviour: the notes' sampler example, fp16 weights, the step rescale."""
     expect_equal("upstream SkipBatchSampler(range(10), 3, 2)", list(UpstreamSkipBatchSampler(range(10), 3, 2)),
                  [[6, 7, 8], [9]])
     expect_equal("upstream len with a skip past the end", len(UpstreamSkipBatchSampler(range(10), 3, 9)), 0)
-    model, optimizer, scaler, _ = _training_objects(BASE)
+    objects = training_objects(RESUME_BASE)
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=0, step=6, save_dir=str(tmp_path),
                   scaler=scaler)
     expect_equal("files written", sorted(p.name for p in tmp_path.iterdir()), ["pretrain_48.pth", "pretrain_48_resume.pth"])
@@ -98,7 +93,7 @@ class Interrupted(Exception):
 
 def interrupted_mid_window(scenario, stop_after: int):
     """Oracle training of epoch 0 killed right after micro-step ``stop_after``'s backward (before any flush)."""
-    objects = _training_objects(scenario)
+    objects = training_objects(scenario)
     batches = full_epoch_batches(scenario, 0)
 
     def loader():
@@ -113,14 +108,14 @@ def interrupted_mid_window(scenario, stop_after: int):
 def test_mid_accumulation_save_is_refused_and_would_cost(tmp_path):
     """K=2, interrupted after micro-step 3: the reference refuses to save; dropping the pending gradient
     and resuming from step 3 anyway changes the final parameters (by more than float noise)."""
-    objects = interrupted_mid_window(BASE, 3)
+    objects = interrupted_mid_window(RESUME_BASE, 3)
     path = tmp_path / "resume.pth"
     with pytest.raises(ValueError, match="accumulat"):
         save_objects(REFERENCE, path, objects, 0, 3)
     assert not path.exists(), "a refused save must not write the file"
-    objects[1].zero_grad(set_to_none=True)  # what a save that ignores pending gradients amounts to
+    objects.optimizer.zero_grad(set_to_none=True)  # what a save that ignores pending gradients amounts to
     save_objects(REFERENCE, path, objects, 0, 3)
-    resumed, uninterrupted = resume_and_finish(REFERENCE, BASE, path), run_oracle(BASE)
+    resumed, uninterrupted = resume_and_finish(REFERENCE, RESUME_BASE, path), run_oracle(RESUME_BASE)
     drift = max((resumed.params[n] - p).abs().max().item() for n, p in uninterrupted.params.items())
     assert drift > 1e-5, f"dropping micro-step 3's gradient should change the run; max |diff| = {drift:.3e}"
 
@@ -136,10 +131,11 @@ def test_stage_assembly_refuses_saves_inside_a_window(capsys):
 
 KILL_DURING_SAVE = """
 import os, signal, sys, torch
-from course.checks.framework import REFERENCE_DIR, load_module
-from course.checks.lesson15 import BASE, save_objects, train_until
-reference = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "child_reference")
-objects, _ = train_until(BASE, 0, 4)
+from course.implementations import load_implementation
+from course.runs import save_objects, train_until
+from course.runs.scenarios import RESUME_BASE
+reference = load_implementation("checkpoint.py", "reference")
+objects, _ = train_until(RESUME_BASE, 0, 4)
 def killed_mid_write(obj, f, *args, **kwargs):
     f.write(b"PK\\x03\\x04 half a checkpoint")
     f.flush()
@@ -152,15 +148,15 @@ save_objects(reference, sys.argv[1], objects, 0, 4)
 def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
     """SIGKILL in the middle of torch.save: the previous file is byte-identical and loads (epoch 0, step 2)."""
     path = tmp_path / "resume.pth"
-    objects, _ = train_until(BASE, 0, 2)
+    objects, _ = train_until(RESUME_BASE, 0, 2)
     save_objects(REFERENCE, path, objects, 0, 2)
     before = path.read_bytes()
     proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, str(path)], cwd=ROOT, capture_output=True,
                           timeout=300)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr[-2000:])
     assert path.read_bytes() == before, "the kill changed the previous checkpoint"
-    fresh = _training_objects(BASE)
-    checkpoint = REFERENCE.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2])
+    fresh = training_objects(RESUME_BASE)
+    checkpoint = REFERENCE.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler)
     expect_equal("(epoch, step) after the kill", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
     leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name != "resume.pth")
     assert all(name.endswith(".tmp") for name in leftovers), f"only a stray temp file may remain, found {leftovers}"
@@ -205,7 +201,7 @@ def test_stage_assembly_on_stubs_says_todo_for_lesson_15(tmp_path):
     proc = subprocess.run([sys.executable, "impl/train_pretrain_impl.py", "--resume", str(tmp_path / "x.pth")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "Fill in impl/core/checkpoint.py (lesson 15 §5)" in proc.stderr, proc.stderr[-2000:]
+    assert "Fill in impl/checkpoint.py (lesson 15 §5)" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_resume_checkpoint_of_the_default_config_is_small(tmp_path):

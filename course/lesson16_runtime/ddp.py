@@ -9,7 +9,7 @@ Each rank holds part of the global batch. Token weighting across ranks needs two
 
 ``TrainingSession`` itself is unchanged: it runs the non-final micro-steps inside ``no_sync()``,
 so gradients are all-reduced once per update (that saves communication; it is not a correctness fix).
-The demonstration update is lesson 16's check fixture: 4 micro-batches of 2 samples holding
+The demonstration update is lesson 16's tiny update (``course.runs.session``): 4 micro-batches of 2 samples holding
 29, 10, 2 and 1 valid targets, spread evenly over 1, 2 or 4 ranks.
 """
 from __future__ import annotations
@@ -27,9 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from course.checks.lesson16 import SCENARIO, grads_of, masked_micro_batches, run_update
-from course.checks.tiny_runs import tiny_model
-from course.reference.core.train_session import TrainingSession
+from course.reference.train_session import TrainingSession
+from course.runs import SESSION_SCENARIO, grads_of, masked_micro_batches, run_update, tiny_model
 
 from .text import naive_mean_step, token_weighted_step
 
@@ -62,7 +61,7 @@ def ddp_update_gradients(rank: int, world_size: int) -> dict[str, dict[str, torc
     }
     results = {}
     for name, (units, step_fn) in setups.items():
-        model = DistributedDataParallel(tiny_model(SCENARIO))   # same seed on every rank
+        model = DistributedDataParallel(tiny_model(SESSION_SCENARIO))   # same seed on every rank
         session = TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=len(mine))
         captured: dict = {}
 

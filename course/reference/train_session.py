@@ -1,4 +1,4 @@
-"""Reference solutions for lesson 16 (``impl/core/train_session.py`` is the student's copy).
+"""Reference solutions for lesson 16 (``impl/train_session.py`` is the student's copy).
 
 Token-weighted gradient accumulation behind a single-step protocol: the run driver counts the
 update's valid target tokens before splitting it; ``TrainingSession.train_step`` runs one
@@ -17,10 +17,10 @@ from contextlib import nullcontext
 
 import torch
 
+from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
+                                           TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX
-from course.reference.core.train_loop import should_step_optimizer
-from course.session_types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
-                                  TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
+from course.reference.train_loop import should_step_optimizer
 
 
 def count_loss_units(labels: torch.Tensor) -> int:

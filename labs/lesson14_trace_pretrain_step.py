@@ -1,8 +1,8 @@
 """Trace one MiniMind pretrain step (or a few micro-steps of accumulation) on the tiny corpus.
 
-    python labs/trace_pretrain_step.py --batch_size 2 --max_length 48 --hidden_size 64 --num_hidden_layers 2
-    python labs/trace_pretrain_step.py ... --accumulation_steps 4 --micro_steps 10   # the accumulation rhythm
-    python labs/trace_pretrain_step.py ... --use_moe                                 # non-zero aux_loss
+    python labs/lesson14_trace_pretrain_step.py --batch_size 2 --max_length 48 --hidden_size 64 --num_hidden_layers 2
+    python labs/lesson14_trace_pretrain_step.py ... --accumulation_steps 4 --micro_steps 10   # the accumulation rhythm
+    python labs/lesson14_trace_pretrain_step.py ... --use_moe                                 # non-zero aux_loss
 
 Everything runs on the oracle (course.minimind) in fp32 on the CPU, in the order of upstream's
 ``train_epoch``: lr -> forward -> (loss + aux) / K -> backward -> at a boundary clip -> step -> zero_grad.

@@ -1,6 +1,6 @@
 """Lesson 16 lab: token-weighted accumulation under DDP equals the single-process global batch.
 
-    torchrun --standalone --nproc_per_node 2 labs/ddp_token_weighted.py
+    torchrun --standalone --nproc_per_node 2 labs/lesson16_ddp_token_weighted.py
 
 Two gloo processes on the CPU each train half of one global batch (micro-batches with 29, 10, 2
 and 1 valid targets) through ``TrainingSession``. Rank 0 compares the all-reduced gradients with
@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from course.checks.lesson16 import global_batch_gradients, masked_micro_batches
-from course.session.ddp import ddp_update_gradients, gloo_process_group
+from course.lesson16_runtime.ddp import ddp_update_gradients, gloo_process_group
+from course.runs import global_batch_gradients, masked_micro_batches
 
 
 def flat(grads: dict) -> torch.Tensor:

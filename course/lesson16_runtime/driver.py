@@ -1,5 +1,5 @@
-"""The text run driver (design note §8): it owns data order, counters and checkpoints; the
-``TrainingSession`` owns accumulation and the update.
+"""The text run driver: it owns data order, counters, the lr schedule and the checkpoint cadence;
+the ``TrainingSession`` owns accumulation and the update (lesson 16 §3).
 
 Per update: shuffled indices -> one global batch -> its ``normalization_units`` (valid targets of
 the whole global batch, counted on the host BEFORE splitting) -> micro-batches -> ``train_step``
@@ -7,27 +7,20 @@ per micro-batch, ``force_update`` on the last one -> when the update closes: lr 
 checkpoint cadence and loss readback advance by one UPDATE step. ``max_steps``, ``global_step``
 and ``update_step_in_epoch`` all count updates.
 
-Checkpoints are lesson 15's resume checkpoints (``save_checkpoint`` / ``load_checkpoint``: atomic,
-validated, ``weights_only``); the training state travels in their ``extra`` keys with
-``batch_size_semantics="global"``, so ``step`` counts UPDATES of the epoch. A checkpoint without
-``batch_size_semantics`` (e.g. from lesson 15's stage assembly) is a legacy state.
+The schedule is MiniMind's ``get_lr`` per UPDATE. ``impl`` is the lesson-16 implementation whose
+``split_global_batch``, ``steps_per_epoch`` and ``count_loss_units`` the driver calls (the student's
+or the reference); saving and resuming a training state is ``train_state``'s job.
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import asdict
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from course.reference.core import train_session as reference_impl
-from course.reference.core.checkpoint import load_checkpoint, save_checkpoint
-from course.reference.core.train_loop import cosine_lr
-from course.session_types import (GLOBAL_SEMANTICS, TrainingRunState, TrainingSessionState,
-                                  TrainingStepOptions)
+from course.minimind import get_lr
 
 from .text import collate, token_weighted_step
+from .types import TrainingRunState, TrainingStepOptions
 
 
 def epoch_order(sample_count: int, seed: int, epoch: int) -> list[int]:
@@ -60,72 +53,11 @@ class LossReadback:
         return values
 
 
-def save_train_state(path, session, run: TrainingRunState, *, global_batch_size: int, accum_steps: int) -> Path:
-    """Save run state + session state as a lesson-15 resume checkpoint, at an update boundary."""
-    if session.microsteps_accumulated:
-        raise ValueError(f"a training state is saved at an update boundary; microsteps_accumulated is "
-                         f"{session.microsteps_accumulated}")
-    run_fields = {k: v for k, v in asdict(run).items() if k not in ("epoch", "update_step_in_epoch")}
-    session_state = session.state()
-    save_checkpoint(path, model=session.model, optimizer=session.optimizer, scaler=session.scaler,
-                    epoch=run.epoch, step=run.update_step_in_epoch, batch_size_semantics=GLOBAL_SEMANTICS,
-                    global_batch_size=global_batch_size, accum_steps=accum_steps,
-                    optimizer_step=session_state.optimizer_step, lr=session_state.lr, **run_fields)
-    return Path(path)
-
-
-def load_train_state(path, session, *, global_batch_size: int, accum_steps: int, sample_count: int,
-                     identity: str, impl=reference_impl) -> tuple[TrainingRunState, str]:
-    """Resume ``session`` from a new or legacy checkpoint; returns the run state and a note on what was restored.
-
-    ``load_checkpoint`` validates the file against model / optimizer / scaler before loading them. The
-    run checks need the file's keys, so they run after it; a refusal there puts the session's model,
-    optimizer and scaler back as they were before raising.
-    """
-    loaded = [part for part in (session.model, session.optimizer, session.scaler) if part is not None]
-    before = [copy.deepcopy(part.state_dict()) for part in loaded]
-    checkpoint = load_checkpoint(path, model=session.model, optimizer=session.optimizer, scaler=session.scaler)
-    try:
-        return _run_state_of(checkpoint, session, global_batch_size=global_batch_size, accum_steps=accum_steps,
-                             sample_count=sample_count, identity=identity, impl=impl)
-    except Exception:
-        for part, state in zip(loaded, before):
-            part.load_state_dict(state)
-        raise
-
-
-def _run_state_of(checkpoint: dict, session, *, global_batch_size: int, accum_steps: int, sample_count: int,
-                  identity: str, impl) -> tuple[TrainingRunState, str]:
-    if checkpoint.get("batch_size_semantics") is not None:   # a new state: ``step`` counts updates
-        checkpoint["update_step_in_epoch"] = checkpoint.pop("step")
-    state = impl.migrate_train_state(checkpoint)
-    for key, wanted in (("global_batch_size", global_batch_size), ("accum_steps", accum_steps)):
-        if state[key] != wanted:
-            raise ValueError(f"{key} of the checkpoint is {state[key]}, the run asks for {wanted}: "
-                             "resume with the checkpoint's global batch and accumulation")
-    if state.get("dataset_identity", identity) != identity:
-        raise ValueError(f"dataset_identity of the checkpoint is {state['dataset_identity']!r}, "
-                         f"this run reads {identity!r}")
-    updates_per_epoch = impl.steps_per_epoch(sample_count, global_batch_size)
-    global_step = state.get("global_step", state["epoch"] * updates_per_epoch + state["update_step_in_epoch"])
-    session.load_state(TrainingSessionState(lr=state.get("lr", session.optimizer.param_groups[0]["lr"]),
-                                            optimizer_step=state.get("optimizer_step", global_step),
-                                            microsteps_accumulated=0, loss_sum=None, loss_units=0,
-                                            accumulation_valid=True))
-    run = TrainingRunState(epoch=state["epoch"], update_step_in_epoch=state["update_step_in_epoch"],
-                           global_step=global_step, sample_position=state["sample_position"],
-                           dataset_identity=identity, seed=state.get("seed", 42),
-                           base_lr=state.get("base_lr", TrainingRunState.base_lr),
-                           total_steps=state.get("total_steps", 0))
-    note = state.get("migration_note", f"resumed at update {run.update_step_in_epoch} of epoch {run.epoch}")
-    return run, note
-
-
 def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_size: int, accum_steps: int,
                       epochs: int, grad_clip: float = 1.0, max_steps: int = 0, save_interval: int = 0,
                       save_fn: Optional[Callable[[TrainingRunState], None]] = None, log_interval: int = 0,
                       log_fn: Optional[Callable[[dict], None]] = None, readback: Optional[LossReadback] = None,
-                      step_fn=token_weighted_step, impl=reference_impl, on_update=None) -> list[dict]:
+                      step_fn=token_weighted_step, impl, on_update=None) -> list[dict]:
     """Train from ``run`` (updated in place) until ``epochs`` or ``max_steps`` updates; one record per update.
 
     ``save_fn(run)`` runs every ``save_interval`` updates, at an update boundary (e.g. ``save_train_state``).
@@ -152,7 +84,7 @@ def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_s
             micro_batches = [collate(m, impl.count_loss_units)
                              for m in impl.split_global_batch(samples, global_batch_size, accum_steps)]
             units = sum(b.loss_units for b in micro_batches)
-            lr = cosine_lr(run.global_step + 1, run.total_steps, run.base_lr)
+            lr = get_lr(run.global_step + 1, run.total_steps, run.base_lr)
             for i, batch in enumerate(micro_batches):
                 options = TrainingStepOptions(lr=lr, clip_grad_norm=grad_clip, normalization_units=units,
                                               force_update=i == len(micro_batches) - 1)

@@ -1,7 +1,7 @@
 """Interrupt and resume a tiny MiniMind run; measure what upstream's resume pitfalls cost.
 
-    python labs/resume_lab.py                      # prints the measurements, writes out/resume_lab.png
-    python labs/resume_lab.py --epochs 3 --iters 10 --stop_epoch 1 --stop_step 8   # longer curves
+    python labs/lesson15_resume.py                      # prints the measurements, writes out/resume_lab.png
+    python labs/lesson15_resume.py --epochs 3 --iters 10 --stop_epoch 1 --stop_step 8   # longer curves
 
 Every run is the oracle loop (``course.minimind``) on the CPU in fp32, with the same data and seed.
 Side by side, after an interruption at an update boundary:
@@ -22,15 +22,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
-from course.checks.framework import REFERENCE_DIR, load_module  # noqa: E402
-from course.checks.lesson15 import save_objects, train_until  # noqa: E402
-from course.checks.tiny_runs import LoopScenario, _training_objects  # noqa: E402
 from course.experiments.resume import draw_loss_curves, drift, resume_runs, upstream_file  # noqa: E402
+from course.implementations import load_implementation  # noqa: E402
 from course.minimind.trainer_utils import lm_checkpoint  # noqa: E402
-from trace_pretrain_step import positive_int  # noqa: E402 - labs/ is on sys.path when a lab runs
+from course.runs import LoopScenario, save_objects, train_until, training_objects  # noqa: E402
+from lesson14_trace_pretrain_step import positive_int  # noqa: E402 - labs/ is on sys.path when a lab runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = load_module(REFERENCE_DIR / "core" / "checkpoint.py", "resume_lab_reference")
+REFERENCE = load_implementation("checkpoint.py", "reference")
 
 
 def parse_args(argv=None):
@@ -67,11 +66,11 @@ def main(argv=None) -> int:
         save_objects(REFERENCE, path, objects, args.stop_epoch, args.stop_step)
         save_s = time.perf_counter() - start
         size = path.stat().st_size
-        fresh = _training_objects(scenario)
+        fresh = training_objects(scenario)
         start = time.perf_counter()
-        REFERENCE.load_checkpoint(path, model=fresh[0], optimizer=fresh[1], scaler=fresh[2])
+        REFERENCE.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler)
         load_s = time.perf_counter() - start
-        model, optimizer, scaler, _ = objects
+        model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
         lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=args.stop_epoch, step=args.stop_step,
                       save_dir=str(tmp), scaler=scaler)
         fp16_size = upstream_file(tmp, scenario).stat().st_size
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     straight = runs["uninterrupted"]
     updates_in_file, updates_done = runs["tail_updates"]
 
-    params = sum(p.numel() for p in objects[0].parameters())
+    params = sum(p.numel() for p in objects.model.parameters())
     print(f"tiny model: {params / 1e6:.3f} M parameters (hidden {scenario.hidden_size}, "
           f"{scenario.num_hidden_layers} layers, vocab 6400); {args.epochs} epochs x {args.iters} micro-batches, "
           f"K={args.accumulation_steps}; interrupted at epoch {args.stop_epoch} step {args.stop_step}")

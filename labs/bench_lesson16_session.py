@@ -1,9 +1,9 @@
-"""Lesson 16 benchmark: the issue's three numbers.
+"""Lesson 16 benchmark: gradient agreement, the session's cost, and the check command's time.
 
-    python labs/bench_lesson16.py
+    python labs/bench_lesson16_session.py
 
 1. max |grad diff| of token-weighted accumulation (and of naive loss / K) vs one global-batch
-   backward, fp32, on the checks' fixture (micro-batches with 29, 10, 2, 1 valid targets);
+   backward, fp32, on lesson 16's tiny update (micro-batches with 29, 10, 2, 1 valid targets);
 2. time of a ``TrainingSession`` loop vs lesson 14's reference ``train_one_epoch`` on the same
    UNMASKED workload (median of ``--repeats`` timed runs each);
 3. median wall time of ``python -m course check 16 --impl reference`` (``--check-runs`` processes).
@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from course.checks.lesson16 import global_batch_gradients, grads_of, masked_micro_batches, new_session, run_update
-from course.checks.tiny_runs import LoopScenario, tiny_batches, tiny_model
-from course.reference.core import train_session as ref
-from course.reference.core.train_loop import cosine_lr, train_one_epoch
-from course.session.text import TextBatch, naive_mean_step, token_weighted_step
+from course.lesson16_runtime.text import TextBatch, naive_mean_step, token_weighted_step
+from course.reference import train_session as ref
+from course.reference.train_loop import cosine_lr, train_one_epoch
+from course.runs import (LoopScenario, global_batch_gradients, grads_of, masked_micro_batches, new_session,
+                         run_update, tiny_batches, tiny_model)
 
 WORKLOAD = LoopScenario("bench: unmasked, 24 micro-batches, K=4", hidden_size=64, num_hidden_layers=2,
                         max_length=48, batch_size=4, iters=24)

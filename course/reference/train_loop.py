@@ -1,4 +1,4 @@
-"""Reference solutions for lesson 14 (``impl/core/train_loop.py`` is the student's copy).
+"""Reference solutions for lesson 14 (``impl/train_loop.py`` is the student's copy).
 
 Each function matches the oracle in ``course/minimind`` bitwise on CPU fp32; the differences from
 upstream are argument checks (a clear ``ValueError`` instead of a silent wrong answer) and the

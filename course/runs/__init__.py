@@ -1,0 +1,19 @@
+"""Tiny, deterministic runs and scenarios shared by the grader, labs, experiments, notebooks and tests.
+
+* ``loop``    - ``LoopScenario``, ``training_objects``, epoch batches, ``run_oracle`` / ``run_impl`` (lesson 14)
+* ``resume``  - train to a stop point, save, resume with an implementation and finish (lesson 15)
+* ``session`` - masked micro-batches, the one-backward oracle, ``run_update`` (lesson 16)
+
+Nothing here grades: comparisons and verdicts belong to ``course.checks``.
+"""
+from .loop import (LoopScenario, RunResult, TrainingObjects, epoch_batches, full_epoch_batches, run_impl, run_oracle,
+                   run_oracle_epoch, run_result, tiny_batches, tiny_model, training_objects)
+from .resume import resume_and_finish, sample_dataset, save_objects, train_until
+from .session import (LABEL_CUTS, SESSION_SCENARIO, capture_grads, global_batch_gradients, grads_of,
+                      masked_micro_batches, new_session, params_of, run_update)
+
+__all__ = ["LoopScenario", "RunResult", "TrainingObjects", "epoch_batches", "full_epoch_batches", "run_impl",
+           "run_oracle", "run_oracle_epoch", "run_result", "tiny_batches", "tiny_model", "training_objects",
+           "resume_and_finish", "sample_dataset", "save_objects", "train_until", "LABEL_CUTS", "SESSION_SCENARIO",
+           "capture_grads", "global_batch_gradients", "grads_of", "masked_micro_batches", "new_session",
+           "params_of", "run_update"]

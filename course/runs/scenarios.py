@@ -1,0 +1,34 @@
+"""The named tiny scenarios that lessons 14 and 15 are graded and tested on."""
+from __future__ import annotations
+
+from .loop import LoopScenario
+
+# Lesson 14: two epochs of 6 micro-batches; K=4 leaves a tail of 2 per epoch.
+LOOP_BASE = LoopScenario("dense, 2 epochs, K=4, 6 micro-batches per epoch (tail of 2)")
+LOOP_FP32_SCENARIOS = [
+    LOOP_BASE,
+    LOOP_BASE.with_(name="dense, K=1 (step every micro-batch)", accumulation_steps=1, epochs=1),
+    LOOP_BASE.with_(name="dense, K=3 divides the epoch (no tail)", accumulation_steps=3),
+    LOOP_BASE.with_(name="dense, resumed at epoch 1, start_step=3", start_epoch=1, start_step=3),
+    LOOP_BASE.with_(name="MoE (aux_loss > 0), K=4", use_moe=True),
+    LOOP_BASE.with_(name="dense, K=8 longer than the epoch (tail only)", accumulation_steps=8, epochs=1),
+]
+LOOP_AMP_SCENARIOS = [
+    LOOP_BASE.with_(name="CPU bf16 autocast, K=4", autocast_dtype="bfloat16", epochs=1),
+    LOOP_BASE.with_(name="enabled GradScaler('cpu'), overflow injected in micro-step 6", scaler_enabled=True,
+                    overflow_at_backward=6),
+]
+
+# Lesson 15: (scenario, stop epoch, stop micro-step) at update boundaries (multiples of K, or an
+# epoch end after the tail flush) of a run of 2 epochs x 6 micro-batches.
+RESUME_BASE = LoopScenario("dense, K=2, stopped at epoch 0 step 4", accumulation_steps=2)
+RESUME_FP32 = [
+    (RESUME_BASE, 0, 4),
+    (RESUME_BASE.with_(name="dense, K=4, stopped at the end of epoch 0 (after the tail flush)", accumulation_steps=4),
+     0, 6),
+    (RESUME_BASE.with_(name="MoE, K=2, stopped at epoch 1 step 2", use_moe=True), 1, 2),
+]
+RESUME_SCALER = [
+    (RESUME_BASE.with_(name="enabled GradScaler('cpu'), overflow in micro-step 2 halves the scale, stopped at epoch 0 "
+                            "step 4", scaler_enabled=True, overflow_at_backward=2), 0, 4),
+]

@@ -1,0 +1,196 @@
+"""``python -m course new-lesson NN slug``: write the skeleton of every file a lesson needs.
+
+The files are the ones ``Lesson.files()`` lists (lesson text en + zh, stub, reference, checks, test,
+notebook source). Every place the author still has to fill holds ``AUTHOR_TODO``; the completeness
+test (tests/test_lessons_complete.py) fails until none is left, the lesson has a catalogued mistake
+and the README's syllabus table has its row. README "Adding a lesson" lists the steps.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+from .implementations import REPO_ROOT
+
+AUTHOR_TODO = "TODO(author)"
+SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
+
+CHECKS = '''"""Lesson {id}: {title} - descriptor, checks, mistakes."""
+from __future__ import annotations
+
+from .framework import Exercise, Lesson, expect_equal
+
+LESSON = Lesson(
+    lesson_id="{id}",
+    slug="{slug}",
+    title="{title}",
+    module="{module}",
+    exercises=[
+        Exercise("first_exercise", "{id} §1.1", points=1, hidden_points=1),
+    ],
+    labs=(),
+    notebook_mistake="{todo}: a catalogued mistake that only a hidden check catches",
+)
+check = LESSON.check
+
+
+@check("first_exercise")
+def first_exercise_matches_the_oracle(impl):
+    """{todo}: what this check proves, in one sentence (it is the grade cell's comment too)."""
+    # {todo}: call impl.first_exercise on cases whose answers come from the oracle (course/minimind/)
+    # and compare with expect_equal / expect_close / expect_tensor_close (ACTUAL vs EXPECTED).
+    raise NotImplementedError("{todo}: write the check")
+
+
+@check("first_exercise", hidden=True)
+def first_exercise_hidden_rule(impl):
+    """{todo}: a rule graded only when a notebook is graded (argument checks, edge cases)."""
+    raise NotImplementedError("{todo}: write the hidden check")
+
+
+# --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
+# {todo}: at least one LESSON.mistake(name, description, old, new, caught_by_check): a small edit of the
+# reference that breaks one rule; LESSON.equivalent(...) for algebraically equivalent forms.
+'''
+
+STUB = '''"""Lesson {id} exercises: {title}.
+
+Read course/lessons/{name}.md (Chinese: course/lessons/zh/{name}.md), replace each
+``raise NotImplementedError`` with your code, then run ``python -m course check {id}``.
+"""
+from __future__ import annotations
+
+
+def first_exercise(x):
+    """TODO (lesson {id} §1.1): {todo} - what to write, its formula, and every convention the checks grade."""
+    raise NotImplementedError("first_exercise: TODO - see lesson {id} §1.1")
+'''
+
+REFERENCE = '''"""Lesson {id} reference solutions: {title}."""
+from __future__ import annotations
+
+
+def first_exercise(x):
+    """The reference solution of lesson {id} §1.1."""
+    raise NotImplementedError("{todo}: the reference solution")
+'''
+
+TEST = '''"""Lesson {id}: what the checks cannot show (every check already runs for the student and the reference
+in tests/test_lesson_checks.py): the oracle pieces this lesson adds, its labs, its stage assembly."""
+from __future__ import annotations
+
+from course.checks import get_lesson
+
+LESSON = get_lesson("{id}")
+
+
+def test_lesson{id}_beyond_the_checks():
+    """{todo}: a test that can fail, e.g. the oracle against upstream numbers, or a lab's output."""
+    raise NotImplementedError("{todo}: write the lesson's own tests")
+'''
+
+NOTEBOOK = '''# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson {id} — {title}
+#
+# The explanations live in `course/lessons/{name}.md` (Chinese: `course/lessons/zh/{name}.md`).
+# Write your code where it says `# YOUR CODE HERE`, run the cell, then the test cell under it: it
+# calls the checks `python -m course check {id}` runs. {todo}: what this notebook adds (experiments, figures).
+
+# %% nbgrader={{"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}}
+import torch
+
+from course.checks.notebook import run_checks
+
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## Exercise 1 — `first_exercise` (lesson {id} §1.1)
+
+# %%
+# exercise: first_exercise
+'''
+
+TEXT_EN = '''# Lesson {id}: {title}
+
+{todo}: the one question this lesson answers.
+
+Chinese version: [zh/{name}.md](zh/{name}.md).
+
+## 1. Exercises
+
+### 1.1 `first_exercise`
+
+{todo}: the contract, the oracle function it aligns with, and what to predict before running the check.
+
+## 2. Commands
+
+```bash
+python -m course check {id} --impl reference
+```
+'''
+
+TEXT_ZH = '''# 第 {id} 课：{title}
+
+{todo}：本课回答的那个问题。
+
+英文版：[../{name}.md](../{name}.md)。
+
+## 1. 练习
+
+### 1.1 `first_exercise`
+
+{todo}：约定、对齐的 oracle 函数、运行检查之前要先预测什么。
+
+## 2. 命令
+
+```bash
+python -m course check {id} --impl reference
+```
+'''
+
+
+def skeleton_files(lesson_id: str, slug: str, module: str, root: Path) -> dict[Path, str]:
+    """Path -> template of every file of a new lesson, laid out as ``Lesson.files()`` names them."""
+    name = f"{lesson_id}_{slug}"
+    return {
+        root / "course" / "checks" / f"lesson{lesson_id}.py": CHECKS,
+        root / "impl" / f"{module}.py": STUB,
+        root / "course" / "reference" / f"{module}.py": REFERENCE,
+        root / "tests" / f"test_lesson{lesson_id}_{module}.py": TEST,
+        root / "notebooks" / "lessons" / f"{name}.py": NOTEBOOK,
+        root / "course" / "lessons" / f"{name}.md": TEXT_EN,
+        root / "course" / "lessons" / "zh" / f"{name}.md": TEXT_ZH,
+    }
+
+
+def new_lesson(lesson_id: str, slug: str, *, title: Optional[str] = None, module: Optional[str] = None,
+               root: Optional[Path] = None) -> list[Path]:
+    """Write the skeleton; refuses (before writing anything) bad names or a file that already exists."""
+    if not re.fullmatch(r"[1-9][0-9]*", lesson_id):
+        raise ValueError(f"lesson must be a positive whole number like 17, got {lesson_id!r}")
+    module = module or slug
+    for argument, value in (("slug", slug), ("module", module)):
+        if not SLUG.match(value):
+            raise ValueError(f"{argument} must be snake_case ([a-z][a-z0-9_]*), got {value!r}")
+    title = title or slug.replace("_", " ").capitalize()
+    if any(c in title for c in '"\\\n'):
+        raise ValueError(f"title must be one line without quotes or backslashes, got {title!r}")
+    root = Path(root) if root is not None else REPO_ROOT
+    files = skeleton_files(lesson_id, slug, module, root)
+    existing = [str(p) for p in files if p.exists()]
+    if existing:
+        raise FileExistsError(f"lesson {lesson_id} would overwrite {existing}")
+    values = dict(id=lesson_id, slug=slug, title=title, module=module, name=f"{lesson_id}_{slug}", todo=AUTHOR_TODO)
+    for path, template in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(template.format(**values), encoding="utf-8")
+    return list(files)
