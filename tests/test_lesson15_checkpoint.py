@@ -53,7 +53,7 @@ def one_thread():
 
 
 def test_upstream_oracle_sampler_and_checkpoint(tmp_path, monkeypatch):
-    """The oracle keeps upstream's behaviour: the notes' sampler example, fp16 weights, the step rescale."""
+    """The oracle keeps upstream's behaviour: upstream's sampler example, fp16 weights, the step rescale."""
     expect_equal("upstream SkipBatchSampler(range(10), 3, 2)", list(UpstreamSkipBatchSampler(range(10), 3, 2)),
                  [[6, 7, 8], [9]])
     expect_equal("upstream len with a skip past the end", len(UpstreamSkipBatchSampler(range(10), 3, 9)), 0)

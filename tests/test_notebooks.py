@@ -252,15 +252,12 @@ def test_exchange_round_trip_release_fetch_submit_collect(course_dir, tmp_path):
     nbgrader(course_dir, "release_assignment", lesson.name, exchange)
     student_home = tmp_path / "student"
     student_home.mkdir()
-    fetch = subprocess.run([sys.executable, "-m", "nbgrader", "fetch_assignment", lesson.name,
-                            "--course=minimind-course", exchange], cwd=student_home, capture_output=True,
-                           text=True, timeout=300)
+    fetch = run_nbgrader(student_home, "fetch_assignment", lesson.name, "--course=minimind-course", exchange,
+                         timeout=300)
     assert fetch.returncode == 0, fetch.stdout + fetch.stderr
     fetched = student_home / lesson.name / f"{lesson.name}.ipynb"
     assert fetched.is_file(), f"fetch_assignment did not write {fetched}"
-    submit = subprocess.run([sys.executable, "-m", "nbgrader", "submit", lesson.name,
-                             "--course=minimind-course", exchange], cwd=student_home, capture_output=True,
-                            text=True, timeout=300)
+    submit = run_nbgrader(student_home, "submit", lesson.name, "--course=minimind-course", exchange, timeout=300)
     assert submit.returncode == 0, submit.stdout + submit.stderr
     nbgrader(course_dir, "collect", lesson.name, exchange)
     # The exchange names the submitter after the OS user; the autograde test's students are others.

@@ -89,7 +89,7 @@ def good_checkpoint(impl):
 
 @check("SkipBatchSampler")
 def skip_batch_sampler_matches_upstream(impl):
-    """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)]; the notes' example."""
+    """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)]; the lesson's example."""
     expect_equal("list(SkipBatchSampler(range(10), 3, 2)) (upstream example)",
                  [list(b) for b in impl.SkipBatchSampler(range(10), 3, 2)], [[6, 7, 8], [9]])
     for n in (1, 9, 10, 12):
