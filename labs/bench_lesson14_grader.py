@@ -1,6 +1,10 @@
-"""Lesson-14 numbers: check-command time, and the reference loop's cost relative to the oracle loop.
+"""Lesson-14 numbers: the check command's time against its import floor, and the reference loop's cost
+relative to the oracle loop.
 
     python labs/bench_lesson14_grader.py --repeats 5
+
+The floor is ``python -c "import torch, course.checks"``: what any grading run pays before a check
+starts. The goal is ``check 14 --impl reference`` at most 1.6 times that floor (medians, wall time).
 
 Timing belongs here, not in tests (a loaded CI machine must not fail a test for being slow).
 """
@@ -54,9 +58,13 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    floor = time_command([sys.executable, "-c", "import torch, course.checks"], args.repeats)
     check = time_command([sys.executable, "-m", "course", "check", "14", "--impl", "reference"], args.repeats)
+    print(f'python -c "import torch, course.checks": median {statistics.median(floor):.2f} s '
+          f"(min {min(floor):.2f}, max {max(floor):.2f}, n={len(floor)})")
     print(f"python -m course check 14 --impl reference: median {statistics.median(check):.2f} s "
           f"(min {min(check):.2f}, max {max(check):.2f}, n={len(check)})")
+    print(f"check / import floor: {statistics.median(check) / statistics.median(floor):.2f} (goal <= 1.6)")
     oracle_s, ref_s, ratio = loop_ratio(args.repeats)
     print(f"40 micro-steps, batch 4 x 64 tokens: oracle train_epoch {oracle_s:.3f} s, "
           f"reference train_one_epoch {ref_s:.3f} s, ratio {ratio:.3f}")
