@@ -20,17 +20,19 @@ from pathlib import Path
 import torch
 
 from course.implementations import load_implementation
-from course.runs import LoopScenario, run_impl, run_oracle
+from course.runs import LoopScenario, compute_oracle, run_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def time_command(cmd: list[str], repeats: int) -> list[float]:
-    times = []
+def time_commands(commands: list[list[str]], repeats: int) -> list[list[float]]:
+    """Wall seconds of each command, ``repeats`` times, interleaved so that machine load drifts evenly."""
+    times = [[] for _ in commands]
     for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-        times.append(time.perf_counter() - start)
+        for cmd, bucket in zip(commands, times):
+            start = time.perf_counter()
+            subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+            bucket.append(time.perf_counter() - start)
     return times
 
 
@@ -39,7 +41,7 @@ def loop_ratio(repeats: int) -> tuple[float, float, float]:
     scenario = LoopScenario("bench", epochs=1, iters=40, batch_size=4, max_length=64)
     reference = load_implementation("train_loop.py", "reference")
     oracle_t, ref_t = [], []
-    runs = [(lambda: run_oracle.__wrapped__(scenario), oracle_t),
+    runs = [(lambda: compute_oracle(scenario), oracle_t),
             (lambda: run_impl(reference.train_one_epoch, scenario), ref_t)]
     runs[0][0]()  # warm-up: allocator and thread pool, not either loop's cost
     for i in range(repeats):
@@ -58,8 +60,8 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    floor = time_command([sys.executable, "-c", "import torch, course.checks"], args.repeats)
-    check = time_command([sys.executable, "-m", "course", "check", "14", "--impl", "reference"], args.repeats)
+    floor, check = time_commands([[sys.executable, "-c", "import torch, course.checks"],
+                                  [sys.executable, "-m", "course", "check", "14", "--impl", "reference"]], args.repeats)
     print(f'python -c "import torch, course.checks": median {statistics.median(floor):.2f} s '
           f"(min {min(floor):.2f}, max {max(floor):.2f}, n={len(floor)})")
     print(f"python -m course check 14 --impl reference: median {statistics.median(check):.2f} s "

@@ -24,7 +24,7 @@ from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind.train_pretrain import build_training
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
-from course.runs import (LoopScenario, RunResult, full_epoch_batches, resume_and_finish, run_oracle, run_oracle_epoch,
+from course.runs import (LoopScenario, RunResult, compute_oracle, full_epoch_batches, resume_and_finish, run_oracle, run_oracle_epoch,
                          save_objects, train_until, training_objects)
 from course.runs.scenarios import RESUME_BASE, RESUME_FP32, RESUME_SCALER
 
@@ -83,7 +83,7 @@ def test_exact_resume_in_a_new_process(tmp_path, one_thread):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for (scenario, _, _), records, resumed in zip(cases, firsts, torch.load(out, weights_only=True)):
-        uninterrupted = run_oracle.__wrapped__(scenario)  # not the cache: computed with one thread, here
+        uninterrupted = compute_oracle(scenario)  # computed here, with one thread
         compare_resumed(f"[{scenario.name}, new process]", records, RunResult(**resumed), uninterrupted)
 
 

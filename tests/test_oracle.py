@@ -13,7 +13,8 @@ from course.checks.framework import expect_close, expect_equal
 from course.implementations import load_implementation
 from course.minimind import (ByteTokenizer, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS,
                              get_lr, read_jsonl_texts, setup_seed)
-from course.runs import run_impl, run_oracle
+from course.runs import compute_oracle, run_impl, run_oracle
+from course.runs.loop import oracle_cache_path
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_FP32_SCENARIOS
 
 TINY = dict(hidden_size=64, num_hidden_layers=2)
@@ -193,3 +194,29 @@ def test_injected_overflow_skips_the_step_and_halves_the_scale():
     expect_equal("AdamW step count of every parameter (one update skipped)", set(steps.values()), {updates - 1.0})
     overflow_record = next(r for r in hit.records if r["step"] == 6 and r["epoch"] == 0)
     expect_equal("grad norm reported at the skipped update", overflow_record["grad_norm"], float("inf"))
+
+
+def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
+    """run_oracle keeps CPU runs in MINIMIND_COURSE_CACHE: a later process gets the very same bits; another
+    thread count is another entry; a damaged entry is recomputed; ``off`` keeps nothing."""
+    monkeypatch.setenv("MINIMIND_COURSE_CACHE", str(tmp_path))
+    scenario = LOOP_FP32_SCENARIOS[0].with_(name="disk cache test", epochs=1)
+    uncached = run_oracle.__wrapped__   # the disk layer without the in-process memo
+    first = uncached(scenario)
+    path = oracle_cache_path(scenario)
+    assert path.is_file() and path.parent == tmp_path, f"no cache entry at {path}"
+    again = uncached(scenario)
+    fresh = compute_oracle(scenario)
+    for name, value in fresh.params.items():
+        assert torch.equal(again.params[name], value) and torch.equal(first.params[name], value), name
+    expect_equal("records read back from the cache", again.records, fresh.records)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads != 1 else 2)
+    try:
+        assert oracle_cache_path(scenario) != path, "a run with another thread count must not share the entry"
+    finally:
+        torch.set_num_threads(threads)
+    path.write_bytes(b"not a checkpoint")
+    expect_equal("records after a damaged entry", uncached(scenario).records, fresh.records)
+    monkeypatch.setenv("MINIMIND_COURSE_CACHE", "off")
+    assert oracle_cache_path(scenario) is None

@@ -218,6 +218,8 @@ def expect_tensor_close(what: str, actual, expected, *, rtol: float, atol: float
     import torch
     if tuple(actual.shape) != tuple(expected.shape):
         fail(f"{what}: shape", tuple(actual.shape), tuple(expected.shape))
+    if actual.dtype == expected.dtype and actual.device == expected.device and torch.equal(actual, expected):
+        return   # identical bits pass any tolerance; the aligned reference takes this path
     actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
     diff = (actual - expected).abs()
     allowed = atol + rtol * expected.abs()

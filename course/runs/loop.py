@@ -2,16 +2,21 @@
 
 A ``LoopScenario`` fixes everything a run depends on (model size, data, K, epochs, resume point,
 precision, an injected gradient overflow). ``run_oracle`` drives ``course.minimind``'s upstream-faithful
-``train_epoch``; ``run_impl`` drives an implementation's ``train_one_epoch`` on identical inputs, so
-the two results can be compared record by record and parameter by parameter.
+``train_epoch`` (cached: its result is a pure function of the scenario, the code and torch);
+``run_impl`` drives an implementation's ``train_one_epoch`` on identical inputs, so the two results
+can be compared record by record and parameter by parameter.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
+import os
+import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
@@ -20,6 +25,8 @@ import torch
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
                              MiniMindForCausalLM, PretrainDataset, setup_seed)
 from course.minimind.train_pretrain import train_epoch as oracle_train_epoch
+
+from .eager import eager
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ def training_objects(scenario: LoopScenario) -> TrainingObjects:
     """A seeded tiny model, AdamW, a GradScaler and the autocast context of ``scenario`` (with the
     injected overflow hook when the scenario asks for one)."""
     model = tiny_model(scenario)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=scenario.base_lr)
+    optimizer = eager(torch.optim.AdamW)(model.parameters(), lr=scenario.base_lr)
     device_type = torch.device(scenario.device).type
     scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled)
     autocast_ctx = (torch.autocast(device_type, dtype=getattr(torch, scenario.autocast_dtype))
@@ -146,14 +153,83 @@ def run_oracle_epoch(scenario: LoopScenario, objects: TrainingObjects, epoch: in
     return [dict({k: _plain(v) for k, v in r.items()}, epoch=epoch) for r in trace]
 
 
-@functools.lru_cache(maxsize=32)
-def run_oracle(scenario: LoopScenario) -> RunResult:
+def compute_oracle(scenario: LoopScenario) -> RunResult:
+    """The oracle's run of ``scenario``, computed now."""
     objects = training_objects(scenario)
     records = []
     for epoch in range(scenario.start_epoch, scenario.epochs):
         start = scenario.start_step if epoch == scenario.start_epoch else 0
         records += run_oracle_epoch(scenario, objects, epoch, epoch_batches(scenario, epoch), start)
     return run_result(objects, records)
+
+
+# Everything an oracle run's bits depend on besides the scenario: the code, the data, torch and the
+# CPU thread count (kernels split reductions by thread).
+ORACLE_INPUTS = (sorted((Path(__file__).parents[1] / "minimind").glob("*.py"))
+                 + [Path(__file__), Path(__file__).with_name("eager.py"), TINY_CORPUS])
+
+
+def oracle_cache_path(scenario: LoopScenario) -> Optional[Path]:
+    """Where ``run_oracle`` keeps ``scenario``'s CPU run between processes, or None (no disk cache).
+
+    ``MINIMIND_COURSE_CACHE`` names the folder (default ``~/.cache/minimind-course``); ``off`` disables it.
+    """
+    folder = os.environ.get("MINIMIND_COURSE_CACHE", str(Path.home() / ".cache" / "minimind-course"))
+    if folder == "off" or torch.device(scenario.device).type != "cpu":
+        return None
+    digest = hashlib.sha256()
+    for path in ORACLE_INPUTS:
+        digest.update(path.read_bytes())
+    digest.update(f"{scenario!r} torch {torch.__version__} threads {torch.get_num_threads()}".encode())
+    return Path(folder) / f"oracle-{digest.hexdigest()[:32]}.pt"
+
+
+def _packed(result: RunResult) -> dict:
+    """``result`` with every tensor in one flat buffer: one storage loads much faster than hundreds."""
+    tensors = [("params", name, "", t) for name, t in result.params.items()]
+    tensors += [("optimizer_state", name, key, t) for name, state in result.optimizer_state.items()
+                for key, t in state.items()]
+    return {"records": result.records, "scale": result.scale,
+            "index": [(kind, name, key, tuple(t.shape), str(t.dtype)) for kind, name, key, t in tensors],
+            "flat": torch.cat([t.reshape(-1).to(torch.float64) for *_, t in tensors])}
+
+
+def _unpacked(packed: dict) -> RunResult:
+    params, optimizer_state, offset = {}, {}, 0
+    for kind, name, key, shape, dtype in packed["index"]:
+        size = int(torch.Size(shape).numel())
+        value = packed["flat"][offset:offset + size].reshape(shape).to(getattr(torch, dtype.split(".")[1]))
+        offset += size
+        if kind == "params":
+            params[name] = value
+        else:
+            optimizer_state.setdefault(name, {})[key] = value
+    return RunResult(packed["records"], params, optimizer_state, packed["scale"])
+
+
+@functools.lru_cache(maxsize=32)
+def run_oracle(scenario: LoopScenario) -> RunResult:
+    """``compute_oracle``, cached in memory and on disk: graders run the same scenarios again and again.
+
+    A file that cannot be read is recomputed; a cache folder that cannot be written is skipped.
+    """
+    path = oracle_cache_path(scenario)
+    if path is not None and path.is_file():
+        try:
+            return _unpacked(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception:  # a damaged or foreign entry: compute it again
+            pass
+    result = compute_oracle(scenario)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(_packed(result), handle)
+            os.replace(tmp_name, path)
+        except OSError:
+            pass
+    return result
 
 
 def run_impl(train_one_epoch, scenario: LoopScenario) -> RunResult:

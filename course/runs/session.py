@@ -11,6 +11,7 @@ import torch
 from course.lesson16_runtime.text import TextBatch, collate, shifted_target_count, token_nll_sum, token_weighted_step
 from course.lesson16_runtime.types import TrainingStepOptions, TrainingStepReport
 
+from .eager import eager
 from .loop import LoopScenario, tiny_batches, tiny_model
 
 SESSION_SCENARIO = LoopScenario("lesson 16 tiny model", hidden_size=32, num_hidden_layers=1, max_length=16)
@@ -44,7 +45,7 @@ def global_batch_gradients(batches: list[TextBatch]) -> tuple[dict, torch.Tensor
 def new_session(impl, k: int, *, optimizer_cls=torch.optim.SGD, **kwargs):
     """``impl.TrainingSession`` over a fresh tiny model (lr 0.1) accumulating ``k`` micro-steps."""
     model = tiny_model(SESSION_SCENARIO)
-    optimizer = optimizer_cls(model.parameters(), lr=0.1)
+    optimizer = eager(optimizer_cls)(model.parameters(), lr=0.1)
     return impl.TrainingSession(model, optimizer, grad_accum_steps=k, **kwargs)
 
 
