@@ -204,7 +204,9 @@ def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
     uncached = run_oracle.__wrapped__   # the disk layer without the in-process memo
     first = uncached(scenario)
     path = oracle_cache_path(scenario)
-    assert path.is_file() and path.parent == tmp_path, f"no cache entry at {path}"
+    assert path.is_file() and path.parent.parent == tmp_path, f"no cache entry at {path}"
+    stale = tmp_path / "oracle-from-older-code"
+    stale.mkdir()
     again = uncached(scenario)
     fresh = compute_oracle(scenario)
     for name, value in fresh.params.items():
@@ -218,5 +220,6 @@ def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
         torch.set_num_threads(threads)
     path.write_bytes(b"not a checkpoint")
     expect_equal("records after a damaged entry", uncached(scenario).records, fresh.records)
+    assert not stale.exists(), "writing an entry removes the entries of other code versions"
     monkeypatch.setenv("MINIMIND_COURSE_CACHE", "off")
     assert oracle_cache_path(scenario) is None

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -169,19 +170,37 @@ ORACLE_INPUTS = (sorted((Path(__file__).parents[1] / "minimind").glob("*.py"))
                  + [Path(__file__), Path(__file__).with_name("eager.py"), TINY_CORPUS])
 
 
+@functools.lru_cache(maxsize=1)
+def _inputs_digest() -> str:
+    digest = hashlib.sha256(f"torch {torch.__version__}".encode())
+    for path in ORACLE_INPUTS:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
 def oracle_cache_path(scenario: LoopScenario) -> Optional[Path]:
     """Where ``run_oracle`` keeps ``scenario``'s CPU run between processes, or None (no disk cache).
 
     ``MINIMIND_COURSE_CACHE`` names the folder (default ``~/.cache/minimind-course``); ``off`` disables it.
+    Entries live in a subfolder named after the code, data and torch version that computed them.
     """
     folder = os.environ.get("MINIMIND_COURSE_CACHE", str(Path.home() / ".cache" / "minimind-course"))
     if folder == "off" or torch.device(scenario.device).type != "cpu":
         return None
-    digest = hashlib.sha256()
-    for path in ORACLE_INPUTS:
-        digest.update(path.read_bytes())
-    digest.update(f"{scenario!r} torch {torch.__version__} threads {torch.get_num_threads()}".encode())
-    return Path(folder) / f"oracle-{digest.hexdigest()[:32]}.pt"
+    entry = hashlib.sha256(f"{scenario!r} threads {torch.get_num_threads()}".encode()).hexdigest()[:24]
+    return Path(folder) / f"oracle-{_inputs_digest()}" / f"{entry}.pt"
+
+
+def _save_cache_entry(path: Path, result: RunResult) -> None:
+    """Write atomically; entries of other code versions are removed (they can never be read again)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.parent.glob("oracle-*"):
+        if stale != path.parent:
+            shutil.rmtree(stale, ignore_errors=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as handle:
+        torch.save(_packed(result), handle)
+    os.replace(tmp_name, path)
 
 
 def _packed(result: RunResult) -> dict:
@@ -189,9 +208,10 @@ def _packed(result: RunResult) -> dict:
     tensors = [("params", name, "", t) for name, t in result.params.items()]
     tensors += [("optimizer_state", name, key, t) for name, state in result.optimizer_state.items()
                 for key, t in state.items()]
+    wide = functools.reduce(torch.promote_types, (t.dtype for *_, t in tensors))   # holds every value exactly
     return {"records": result.records, "scale": result.scale,
             "index": [(kind, name, key, tuple(t.shape), str(t.dtype)) for kind, name, key, t in tensors],
-            "flat": torch.cat([t.reshape(-1).to(torch.float64) for *_, t in tensors])}
+            "flat": torch.cat([t.reshape(-1).to(wide) for *_, t in tensors])}
 
 
 def _unpacked(packed: dict) -> RunResult:
@@ -222,12 +242,8 @@ def run_oracle(scenario: LoopScenario) -> RunResult:
     result = compute_oracle(scenario)
     if path is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(_packed(result), handle)
-            os.replace(tmp_name, path)
-        except OSError:
+            _save_cache_entry(path, result)
+        except OSError:   # a read-only or full cache folder: grade without it
             pass
     return result
 
