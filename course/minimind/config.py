@@ -32,10 +32,12 @@ class MiniMindConfig:
     pad_token_id: int = 0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
-    # Mixture of experts (upstream ``use_moe``): top-1 routing over 4 experts.
+    # Mixture of experts (upstream ``use_moe``): top-1 routing over 4 experts, each a SwiGLU of width
+    # ``moe_intermediate_size`` (default: ``intermediate_size``, like upstream).
     use_moe: bool = False
     num_experts: int = 4
     num_experts_per_tok: int = 1
+    moe_intermediate_size: Optional[int] = None
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 5e-4
 
@@ -57,9 +59,15 @@ class MiniMindConfig:
                              f"num_experts ({self.num_experts})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("intermediate_size", "moe_intermediate_size"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive int or None (upstream's default), got {value!r}")
         if self.intermediate_size is None:
             # Upstream: round hidden * pi up to a multiple of 64 (768 -> 2432, 64 -> 256).
             self.intermediate_size = math.ceil(self.hidden_size * math.pi / 64) * 64
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
 
     @property
     def head_dim(self) -> int:

@@ -3,7 +3,8 @@
 Mirrors upstream ``model/model_minimind.py`` (``RMSNorm``, ``Attention``, ``FeedForward``,
 ``MOEFeedForward``, ``MiniMindBlock``, ``MiniMindModel``, ``MiniMindForCausalLM``) without the
 ``transformers`` dependency. Parameter names and shapes follow upstream, so a real MiniMind
-``state_dict`` loads with ``strict=True``.
+``state_dict`` loads with ``strict=True``; ``tests/test_upstream_fixture.py`` compares outputs and
+training runs with numbers produced by upstream's own code.
 """
 from __future__ import annotations
 
@@ -96,11 +97,12 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``, no biases."""
 
-    def __init__(self, config: MiniMindConfig):
+    def __init__(self, config: MiniMindConfig, intermediate_size: Optional[int] = None):
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        width = intermediate_size or config.intermediate_size
+        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -113,25 +115,32 @@ class MOEFeedForward(nn.Module):
         super().__init__()
         self.config = config
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = nn.ModuleList(FeedForward(config) for _ in range(config.num_experts))
+        self.experts = nn.ModuleList(FeedForward(config, config.moe_intermediate_size)
+                                     for _ in range(config.num_experts))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.config
         tokens = x.reshape(-1, x.shape[-1])
-        scores = F.softmax(self.gate(tokens), dim=-1, dtype=torch.float32)
-        topk_weight, topk_idx = torch.topk(scores, cfg.num_experts_per_tok, dim=-1)
-        if cfg.num_experts_per_tok > 1 and cfg.norm_topk_prob:
+        scores = F.softmax(self.gate(tokens), dim=-1)
+        topk_weight, topk_idx = torch.topk(scores, cfg.num_experts_per_tok, dim=-1, sorted=False)
+        if cfg.norm_topk_prob:
+            # For any k, top-1 included: one expert per token then gets weight exactly 1.0, so the LM
+            # loss sends the router no gradient and only the aux loss below trains it.
             topk_weight = topk_weight / (topk_weight.sum(dim=-1, keepdim=True) + 1e-20)
         out = torch.zeros_like(tokens)
         for expert_id, expert in enumerate(self.experts):
-            # Every expert runs, even on zero tokens, so each parameter always gets a gradient.
-            token_pos, slot = torch.nonzero(topk_idx == expert_id, as_tuple=True)
-            weight = topk_weight[token_pos, slot].unsqueeze(-1)
-            out.index_add_(0, token_pos, (expert(tokens[token_pos]) * weight).to(out.dtype))
-        if self.training:
+            routed = topk_idx == expert_id
+            if routed.any():
+                token_pos = routed.any(dim=-1).nonzero().flatten()
+                weight = topk_weight[routed].unsqueeze(-1)
+                out.index_add_(0, token_pos, (expert(tokens[token_pos]) * weight).to(out.dtype))
+            elif self.training:
+                # An expert that got no token joins the graph with a zero-valued term: its parameters get
+                # zero gradients, not None (DDP expects every parameter to take part in backward).
+                out[0, 0] += 0 * sum(p.sum() for p in expert.parameters())
+        if self.training and cfg.router_aux_loss_coef > 0:
             load = F.one_hot(topk_idx, cfg.num_experts).float().mean(0)
-            importance = scores.mean(0)
-            aux_loss = (load * importance).sum() * cfg.num_experts * cfg.router_aux_loss_coef
+            aux_loss = (load * scores.mean(0)).sum() * cfg.num_experts * cfg.router_aux_loss_coef
         else:
             aux_loss = scores.new_zeros(())
         return out.view_as(x), aux_loss
