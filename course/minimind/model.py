@@ -125,7 +125,7 @@ class MOEFeedForward(nn.Module):
         topk_weight, topk_idx = torch.topk(scores, cfg.num_experts_per_tok, dim=-1, sorted=False)
         if cfg.norm_topk_prob:
             # For any k, top-1 included: one expert per token then gets weight exactly 1.0, so the LM
-            # loss sends the router no gradient and only the aux loss below trains it.
+            # loss sends the router no gradient (up to rounding) and only the aux loss below trains it.
             topk_weight = topk_weight / (topk_weight.sum(dim=-1, keepdim=True) + 1e-20)
         out = torch.zeros_like(tokens)
         for expert_id, expert in enumerate(self.experts):
