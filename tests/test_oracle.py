@@ -54,6 +54,8 @@ def test_default_config_matches_upstream_size():
     config = MiniMindConfig()
     expect_equal("intermediate_size for hidden 768", config.intermediate_size, 2432)
     expect_equal("intermediate_size for hidden 64", MiniMindConfig(**TINY).intermediate_size, 256)
+    expect_equal("moe_intermediate_size defaults to intermediate_size (upstream)",
+                 MiniMindConfig(intermediate_size=96).moe_intermediate_size, 96)
     with torch.device("meta"):
         params = sum(p.numel() for p in MiniMindForCausalLM(config).parameters())
     expect_close("dense default parameter count (upstream: about 63.9M)", params / 1e6, 63.9, rtol=0, atol=0.05)
@@ -64,6 +66,9 @@ def test_config_rejects_bad_values():
         MiniMindConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=3)
     with pytest.raises(ValueError, match="hidden_size"):
         MiniMindConfig(hidden_size=0)
+    for field in ("intermediate_size", "moe_intermediate_size"):
+        with pytest.raises(ValueError, match=field):
+            MiniMindConfig(**{field: 0})
 
 
 def test_init_is_normal_002_and_norms_are_one():
