@@ -536,12 +536,20 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
                       lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != key}), ValueError, key)
 
 
+def migrated_or_fail(impl, state: dict, fields: tuple, expected: tuple) -> dict:
+    """``migrate_train_state(state)``; a ValueError there fails with ACTUAL vs EXPECTED (the state is valid)."""
+    try:
+        return impl.migrate_train_state(dict(state))
+    except ValueError as exc:
+        fail(f"migrate_train_state({state}): {fields}", f"ValueError: {exc}", expected)
+
+
 @check("migrate_train_state", hidden=True)
 def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
     """step == ceil(sample_count / batch_size) was saved after the epoch's tail flush: resume at update 0 of the
     next epoch with nothing dropped; one micro-step earlier is mid-epoch; past the end is a ValueError naming step."""
-    migrated = impl.migrate_train_state(dict(LEGACY_EPOCH_END))
     fields = ("epoch", "update_step_in_epoch", "sample_position", "dropped_microsteps", "global_batch_size")
+    migrated = migrated_or_fail(impl, LEGACY_EPOCH_END, fields, (1, 0, 0, 0, 24))
     got = tuple(migrated.get(k) for k in fields)
     if got != (1, 0, 0, 0, 24):
         fail(f"legacy epoch 0, step 27, micro-batch 6 x accum 4, 160 samples: {fields}", got, (1, 0, 0, 0, 24),
@@ -558,8 +566,8 @@ def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
 @check("migrate_train_state", hidden=True)
 def migrate_fills_documented_legacy_defaults(impl):
     """A legacy state without epoch, step or accum_steps takes epoch 0, step 0, accum_steps 1."""
-    migrated = impl.migrate_train_state({"batch_size": 4, "sample_count": 40})
     fields = ("epoch", "update_step_in_epoch", "accum_steps", "global_batch_size", "dropped_microsteps")
+    migrated = migrated_or_fail(impl, {"batch_size": 4, "sample_count": 40}, fields, (0, 0, 1, 4, 0))
     expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
                  tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
 
@@ -610,8 +618,8 @@ LESSON.mistake('split_drops_partial_micro', 'drops a partial micro-batch of a sh
                'for i in range(0, len(samples) - micro + 1, micro)]',
                split_global_batch_micro_sizes)
 LESSON.mistake('legacy_batch_kept_as_global', 'reads a legacy micro-batch size as the global batch',
-               'global_batch = state["batch_size"] * state["accum_steps"]',
-               'global_batch = state["batch_size"]',
+               'global_batch = legacy["batch_size"] * accum',
+               'global_batch = legacy["batch_size"]',
                migrate_legacy_state_to_global_semantics)
 
 LESSON.mistake('norm_without_clipping', 'computes the pre-clip gradient norm but never clips (max_norm = inf)',
