@@ -104,7 +104,8 @@ class TrainingSession:
                                     accumulation_valid=self.accumulation_valid)
 
     def load_state(self, state: TrainingSessionState) -> None:
-        """Restore at an update boundary (pending gradients are never saved)."""
+        """Restore ``optimizer_step`` and the lr of every param group at an update boundary (pending gradients
+        are never saved): a state or a session inside an update is refused before anything changes."""
         if state.microsteps_accumulated or self.microsteps_accumulated:
             raise ValueError("load_state needs an update boundary: microsteps_accumulated must be 0, got "
                              f"{state.microsteps_accumulated} (saved) / {self.microsteps_accumulated} (session)")
