@@ -632,7 +632,8 @@ LESSON.mistake('zero_grad_norm_when_not_clipping', 'reports grad_norm 0 instead 
                session_clips_the_update)
 LESSON.mistake('invalidates_only_on_step_fn_errors',
                'marks the accumulation invalid only when step_fn raises, not on errors in backward or the hooks',
-               '        try:\n            return self._train_step(batch, options, step_fn)\n        except BaseException:\n'
+               '        try:\n            return self._train_step(batch, options, step_fn)\n'
+               '        except BaseException:\n'
                '            self.accumulation_valid = False\n            raise\n',
                '        def guarded_step_fn(model, micro_batch):\n            try:\n'
                '                return step_fn(model, micro_batch)\n            except BaseException:\n'

@@ -210,8 +210,9 @@ def migrate_train_state(state: dict) -> dict:
     epoch, step, accum = legacy["epoch"], legacy["step"], legacy["accum_steps"]
     micro_steps_per_epoch = math.ceil(legacy["sample_count"] / legacy["batch_size"])
     if step > micro_steps_per_epoch:
-        raise ValueError(f"legacy state: step {step} is past the epoch's end, ceil(sample_count {legacy['sample_count']}"
-                         f" / batch_size {legacy['batch_size']}) = {micro_steps_per_epoch} micro-steps")
+        raise ValueError(f"legacy state: step {step} is past the epoch's end, ceil(sample_count "
+                         f"{legacy['sample_count']} / batch_size {legacy['batch_size']}) = {micro_steps_per_epoch} "
+                         "micro-steps")
     global_batch = legacy["batch_size"] * accum
     if step == micro_steps_per_epoch:   # the tail flush applied the last step % accum micro-steps
         epoch, update_step, dropped = epoch + 1, 0, 0
