@@ -59,17 +59,26 @@ class TrainingSession:
       ``torch.amp.GradScaler`` for the model's device; ``autocast=None`` means ``nullcontext()``.
     * attributes ``optimizer_step`` (updates done), ``microsteps_accumulated``, ``accumulation_valid``.
     * ``train_step(batch, options, step_fn) -> TrainingStepReport``: ``ValueError`` naming
-      ``normalization_units`` if it is < 1 or changes inside an update; set ``options.lr`` if given;
-      run ``step_fn(model, batch)`` under autocast; backward ``loss * gradient_units /
-      normalization_units`` through the scaler; keep ``loss_sum`` on the device (no ``.item()``).
-      The update closes on ``force_update`` or at the K-th micro-step: ``before_update()`` True ->
-      discard the gradients, report ``aborted``; else unscale, clip if ``clip_grad_norm > 0``
-      (report the pre-clip norm), scaler step + update, ``after_update()`` (only if the step ran),
-      zero_grad; report ``overflow_skipped`` when the scaler skipped. If the model has ``no_sync``
-      (DDP), run the non-closing micro-steps inside it.
-    * any exception inside ``train_step`` makes every later call raise ``AccumulationInvalidError``
-      until ``reset_accumulation()`` (which drops the gradients).
-    * ``state() -> TrainingSessionState`` and ``load_state(state)`` (only at an update boundary).
+      ``normalization_units`` if it is < 1 or changes inside an update; set ``options.lr`` if given,
+      in EVERY param group; run ``step_fn(model, batch)`` under autocast; backward ``loss *
+      gradient_units / normalization_units`` through the scaler; keep ``loss_sum`` on the device (no
+      ``.item()``). The update closes on ``force_update`` or at the K-th micro-step:
+      ``before_update()`` True -> discard the gradients, report ``aborted``; else unscale, clip with
+      ``clip_grad_norm_(params, clip_grad_norm)`` if ``clip_grad_norm > 0`` (report its pre-clip norm
+      as ``grad_norm``; ``grad_norm`` is ``None`` when clipping is off), scaler step + update,
+      ``after_update()`` only if the optimizer step ran (never on a scaler-skipped update),
+      zero_grad; report ``overflow_skipped`` when the scaler skipped (``optimizer_step`` does not
+      advance). The report that closes an update carries the update's ``microsteps_accumulated``
+      (e.g. 2 for a tail of 2), its ``loss_sum`` and ``loss_units``; the session's own counter is 0
+      again. If the model has ``no_sync`` (DDP), run the non-closing micro-steps inside it.
+    * any exception inside ``train_step`` - in ``step_fn``, in backward, in ``before_update`` or
+      ``after_update``, anywhere - makes every later call raise ``AccumulationInvalidError`` (its
+      message names ``reset_accumulation()``) until ``reset_accumulation()`` (which drops the gradients).
+    * ``state() -> TrainingSessionState``: the lr of param group 0 as it is now, ``optimizer_step``,
+      ``microsteps_accumulated``, the pending ``loss_sum`` / ``loss_units``, ``accumulation_valid``.
+    * ``load_state(state)``: only at an update boundary. If ``state.microsteps_accumulated`` or the
+      session's own is not 0, raise ``ValueError`` naming ``microsteps_accumulated`` and change
+      nothing; else restore ``optimizer_step`` and set ``state.lr`` in every param group.
     """
 
     def __init__(self, model, optimizer, *, grad_accum_steps: int, scaler=None, autocast=None):
@@ -92,11 +101,22 @@ def migrate_train_state(state: dict) -> dict:
     """TODO (lesson 16 §6): convert a legacy (micro-batch semantics) training state; never modify the input.
 
     A state with ``batch_size_semantics == "global"`` comes back as an equal copy; any other value
-    -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy
-    (``epoch``, ``step`` = micro-steps done in the epoch, ``batch_size`` = micro-batch,
-    ``accum_steps``): return it without ``batch_size``/``step`` and with ``batch_size_semantics="global"``,
-    ``global_batch_size = batch_size * accum_steps``, ``update_step_in_epoch = step // accum_steps``
-    (the last update boundary), ``sample_position``, ``dropped_microsteps`` and a ``migration_note``
-    saying so. Bad legacy values -> ``ValueError`` naming the key.
+    -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy:
+    ``batch_size`` = micro-batch and ``sample_count`` = samples per epoch (both required, ints >= 1),
+    ``epoch`` (default 0), ``step`` = micro-steps done in the epoch (default 0), ``accum_steps``
+    (default 1); a missing key with a default takes it, a missing required key or a bad value
+    -> ``ValueError`` naming the key. The epoch has ``ceil(sample_count / batch_size)`` micro-steps;
+    a larger ``step`` -> ``ValueError`` naming ``step``. Return the state (defaults filled in)
+    without ``batch_size``/``step`` and with ``batch_size_semantics="global"``,
+    ``global_batch_size = batch_size * accum_steps``, ``update_step_in_epoch``, ``sample_position``
+    (= ``update_step_in_epoch * global_batch_size``, the first sample of the resumed update in the
+    epoch's order), ``dropped_microsteps`` and a ``migration_note`` that says where it resumes:
+
+    * ``step`` inside the epoch: resume at the last update boundary, ``update_step_in_epoch = step //
+      accum_steps``; the ``step % accum_steps`` later micro-steps are dropped (trained again) and
+      the note says "update boundary";
+    * ``step == ceil(sample_count / batch_size)``, the epoch's end (saved after its tail flush, so
+      every sample was applied): resume at update 0 of ``epoch + 1``, nothing dropped, and the note
+      says "start of the next epoch".
     """
     raise NotImplementedError("migrate_train_state: TODO - see lesson 16 §6")

@@ -52,6 +52,14 @@ ACCEPTANCE_MATRIX = {  # protocol requirement -> the check that proves it for st
     "integration: the driver runs the implementation update by update": "session_drives_the_text_run",
     "compat: legacy state -> global semantics at the last update boundary": "migrate_legacy_state_to_global_semantics",
     "compat: new states pass, unknown semantics fail": "migrate_keeps_global_states_and_rejects_bad_ones",
+    "compat: a legacy epoch end resumes at the next epoch": "migrate_resumes_an_epoch_end_at_the_next_epoch",
+    "compat: missing legacy keys take their documented defaults": "migrate_fills_documented_legacy_defaults",
+    "unit: clipping is applied; grad_norm is None without it": "session_clips_the_update",
+    "unit: an error in backward or a hook also invalidates the accumulation":
+        "session_error_anywhere_invalidates_the_accumulation",
+    "unit: lr lands in every param group": "session_sets_lr_and_normalization_is_fixed_per_update",
+    "unit: state() / load_state() round trip, refused inside an update": "session_state_and_load_state_round_trip",
+    "amp: a skipped update runs no after_update": "session_skipped_update_calls_no_after_update",
     "amp: bf16 autocast wraps the step function": "session_runs_step_fn_under_autocast",
     "amp: GradScaler('cpu') overflow skips, unscale before clip": "session_amp_scaler_overflow_and_unscale_before_clip",
     "ddp: no_sync on every micro-step but the last": "session_uses_no_sync_before_the_last_microstep",
@@ -154,13 +162,70 @@ def test_max_steps_checkpoint_and_lr_count_updates():
     expect_equal("run state at max_steps", (run.epoch, run.update_step_in_epoch, run.global_step), (1, 1, 4))
 
 
+class PushRecorder(LossReadback):
+    def __init__(self):
+        super().__init__()
+        self.pushed: list[int] = []
+
+    def push(self, global_step, loss_sum, loss_units):
+        self.pushed.append(global_step)
+        super().push(global_step, loss_sum, loss_units)
+
+
 def test_one_loss_readback_per_update():
-    readback = LossReadback()
-    _, _, records = drive(small_dataset(20), epochs=1, readback=readback, log_interval=2)
-    expect_equal("values read back", readback.values_read, len(records))
+    readback = PushRecorder()
+    _, _, records = drive(small_dataset(20), epochs=2, readback=readback, log_interval=2)
+    expect_equal("global steps pushed to the readback, in order (6 updates: 3 per epoch)", readback.pushed,
+                 list(range(1, 7)))
+    expect_equal("values read back", readback.values_read, 6)
     losses = [r["loss"] for r in records]
     assert all(isinstance(v, float) and math.isfinite(v) and 5 < v < 12 for v in losses), (
         f"per-update mean token loss: ACTUAL {losses}, EXPECTED finite floats near ln(6400)=8.76")
+
+
+@pytest.mark.parametrize("steps, bad", [([1, 2, 2], "2 pushed after 2"), ([1, 3], "3 pushed after 1")])
+def test_loss_readback_refuses_a_duplicate_or_a_missing_push(steps, bad):
+    readback = LossReadback()
+    with pytest.raises(ValueError, match=bad):
+        for step in steps:
+            readback.push(step, torch.tensor(1.0), 1)
+
+
+class UnitsRecorder(ref.TrainingSession):
+    """The reference session, recording what the driver passes per micro-step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple] = []
+
+    def train_step(self, batch, options, step_fn):
+        self.calls.append((batch.input_ids, options.normalization_units, options.force_update))
+        return super().train_step(batch, options, step_fn)
+
+
+def test_the_driver_passes_each_update_its_own_valid_target_count():
+    dataset = padded_samples(20, max_length=32)
+    # counted here, without the lesson's code: targets are positions 1.. whose label is not -100
+    targets_of = {}
+    for input_ids, labels in dataset:
+        targets_of.setdefault(tuple(input_ids.tolist()), sum(1 for t in labels.tolist()[1:] if t != -100))
+    model_session = new_session(ref, 4)
+    session = UnitsRecorder(model_session.model, model_session.optimizer, grad_accum_steps=4)
+    run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accum_steps=4, epochs=1, impl=ref)
+    updates, current = [], []
+    for input_ids, units, closes in session.calls:
+        current.append((input_ids, units))
+        if closes:
+            updates.append(current)
+            current = []
+    expect_equal("micro-steps per update (20 samples, global 8 / accum 4)", [len(u) for u in updates], [4, 4, 2])
+    seen = sorted(tuple(row.tolist()) for update in updates for ids, _ in update for row in ids)
+    expect_equal("samples trained in the epoch (each once)", seen, sorted(tuple(x.tolist()) for x, _ in dataset))
+    passed = [sorted({units for _, units in update}) for update in updates]
+    counted = [[sum(targets_of[tuple(row.tolist())] for ids, _ in update for row in ids)] for update in updates]
+    assert len({c[0] for c in counted}) > 1, f"the updates should hold unequal target counts, got {counted}"
+    expect_equal("normalization_units passed on every micro-step of each update vs valid shifted targets of "
+                 "its samples counted by hand", passed, counted)
 
 
 # --- compatibility: resume from new and legacy states ----------------------------------------
@@ -196,6 +261,40 @@ def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
     run_text_training(resumed, dataset, run, global_batch_size=8, accum_steps=4, epochs=1, impl=ref)
     expect_tensors_close("parameters: legacy resume vs straight run", params_of(resumed.model),
                          params_of(straight.model), rtol=0.0, atol=0.0)
+
+
+def test_resume_from_a_legacy_state_saved_at_the_epoch_end_starts_the_next_epoch(tmp_path):
+    """Micro-batch 2 x accum 4 over 20 samples is 10 micro-steps: step 10 was saved after the tail flush applied
+    micro-steps 9-10, so nothing of epoch 0 may be trained again."""
+    dataset = small_dataset(20)
+    straight, _, _ = drive(dataset, epochs=2)
+    first_epoch, _, _ = drive(dataset, epochs=2, max_steps=3)   # epoch 0: updates of 8, 8 and 4 samples
+    save_checkpoint(tmp_path / "legacy.pt", model=first_epoch.model, optimizer=first_epoch.optimizer, scaler=None,
+                    epoch=0, step=10, batch_size=2, accum_steps=4)
+    resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
+    run, note = load_train_state(tmp_path / "legacy.pt", resumed, global_batch_size=8, accum_steps=4,
+                                 sample_count=20, identity="")
+    expect_equal("legacy epoch-end resume point: (epoch, update_step_in_epoch, sample_position, global_step, "
+                 "optimizer_step)", (run.epoch, run.update_step_in_epoch, run.sample_position, run.global_step,
+                                     resumed.optimizer_step), (1, 0, 0, 3, 3))
+    assert "start of the next epoch" in note, note
+    run.base_lr = 1e-3
+    run_text_training(resumed, dataset, run, global_batch_size=8, accum_steps=4, epochs=2, impl=ref)
+    expect_tensors_close("parameters: legacy epoch-end resume vs straight 2-epoch run (bitwise, same process)",
+                         params_of(resumed.model), params_of(straight.model), rtol=0.0, atol=0.0)
+
+
+def test_restore_rejects_a_legacy_state_of_another_sample_count(tmp_path):
+    one_update, _, _ = drive(small_dataset(20), epochs=1, max_steps=1)
+    save_checkpoint(tmp_path / "legacy.pt", model=one_update.model, optimizer=one_update.optimizer, scaler=None,
+                    epoch=0, step=4, batch_size=2, accum_steps=4, sample_count=24)
+    fresh = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
+    params_before = params_of(fresh.model)
+    with pytest.raises(ValueError, match="sample_count of the checkpoint is 24, this run reads 20"):
+        load_train_state(tmp_path / "legacy.pt", fresh, global_batch_size=8, accum_steps=4, sample_count=20,
+                         identity="")
+    expect_tensors_close("parameters after a refused resume vs before it", params_of(fresh.model), params_before,
+                         rtol=0.0, atol=0.0)
 
 
 @pytest.mark.parametrize("mismatch", ["global_batch_size", "dataset_identity"])
@@ -256,6 +355,26 @@ def test_trainer_resumes_a_lesson15_stage_assembly_checkpoint(tmp_path, capsys):
     expect_equal("saved (semantics, global batch, epoch, step = updates, global step)",
                  tuple(state[k] for k in ("batch_size_semantics", "global_batch_size", "epoch", "step", "global_step")),
                  ("global", 32, 0, 3, 3))
+
+
+def test_trainer_resumes_a_stage_assembly_epoch_end_at_the_next_epoch(tmp_path, capsys):
+    """160 samples in micro-batches of 6 with accum 4: the epoch ends at micro-step 27 = ceil(160 / 6), after a tail
+    flush of micro-steps 25-27; as global batch 24 that is 7 updates, so the resume trains update 8 = update 1 of
+    epoch 1."""
+    stage = load_module(ROOT / "impl" / "train_pretrain_impl.py", "test16_stage_epoch_end")
+    model_args = ["--hidden_size", "32", "--num_hidden_layers", "1", "--max_seq_len", "16"]
+    assert stage.main(["--impl", "reference", "--epochs", "1", "--batch_size", "6", "--accumulation_steps", "4",
+                       "--save_interval", "4", "--out_dir", str(tmp_path)] + model_args) == 0
+    saved = torch.load(tmp_path / "pretrain_32_resume.pth", weights_only=True)
+    expect_equal("stage assembly's epoch-end checkpoint: (epoch, step)", (saved["epoch"], saved["step"]), (0, 27))
+    capsys.readouterr()
+    records = train_text.main([a.replace("_", "-") for a in model_args] + [
+        "--batch-size", "24", "--accum-steps", "4", "--epochs", "2", "--max-steps", "8", "--no-progress",
+        "--log-interval", "1", "--save-dir", str(tmp_path), "--resume", str(tmp_path / "pretrain_32_resume.pth")])
+    out = capsys.readouterr().out
+    assert "resumed at update 0 of epoch 1" in out, out
+    expect_equal("(epoch, update_step, samples) trained after the resume",
+                 [(r["epoch"], r["update_step"], r["samples"]) for r in records], [(1, 1, 24)])
 
 
 def test_trainer_rejects_a_global_batch_not_divisible_by_accum(capsys):

@@ -14,7 +14,8 @@ import torch
 
 from course.lesson16_runtime.driver import run_text_training
 from course.lesson16_runtime.text import token_weighted_step
-from course.lesson16_runtime.types import GLOBAL_SEMANTICS, TrainingRunState, TrainingStepOptions
+from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingRunState,
+                                           TrainingSessionState, TrainingStepOptions)
 from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches, tiny_model)
 
@@ -181,6 +182,25 @@ def session_grad_norm_is_pre_clip(impl):
 
 
 @check("TrainingSession", hidden=True)
+def session_clips_the_update(impl):
+    """clip_grad_norm=0.01 with SGD lr 0.1: the step is -0.1 * g * 0.01 / (||g|| + 1e-6) (clip_grad_norm_'s
+    coefficient); clip_grad_norm=0 clips nothing and reports grad_norm None."""
+    batches = masked_micro_batches()
+    expected_grads, _, _ = global_batch_gradients(batches)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected_grads.values()]))
+    coefficient = float(torch.clamp(0.01 / (norm + 1e-6), max=1.0))
+    for clip, scale in ((0.01, coefficient), (0.0, 1.0)):
+        session = new_session(impl, 4)
+        before = params_of(session.model)
+        report = run_update(session, batches, clip=clip)[-1]
+        expected = {n: before[n] - 0.1 * scale * g for n, g in expected_grads.items()}
+        expect_tensors_close(f"parameters after one SGD update with clip_grad_norm={clip} (||g|| = {float(norm):.3f}; "
+                             "a step 1/coefficient too large means the norm was computed but not applied)",
+                             params_of(session.model), expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_equal("grad_norm reported with clip_grad_norm=0 (clipping off)", report.grad_norm, None)
+
+
+@check("TrainingSession", hidden=True)
 def session_rejects_zero_normalization_units(impl):
     """normalization_units == 0 is an explicit ValueError, and nothing is updated."""
     session = new_session(impl, 1)
@@ -252,6 +272,36 @@ def session_error_invalidates_the_accumulation(impl):
 
 
 @check("TrainingSession", hidden=True)
+def session_error_anywhere_invalidates_the_accumulation(impl):
+    """Not only step_fn: an error in backward, in before_update or in after_update also makes the next call
+    raise AccumulationInvalidError (naming reset_accumulation) until reset_accumulation()."""
+    def raising(where):
+        def hook(*_):
+            raise RuntimeError(f"error in {where}")
+        return hook
+    batches = masked_micro_batches()[:2]
+    for where in ("backward (a gradient hook)", "before_update", "after_update"):
+        session = new_session(impl, 2)
+        hooks = {where: raising(where)} if where != "backward (a gradient hook)" else {}
+        handle = (session.model.model.norm.weight.register_hook(raising(where)) if not hooks else None)
+        try:
+            run_update(session, batches, **hooks)
+        except RuntimeError as exc:
+            if "error in" not in str(exc):
+                raise
+        else:
+            fail(f"an update whose {where} raises", "returned", "the RuntimeError propagates")
+        if handle is not None:
+            handle.remove()
+        expect_raises(f"train_step after an error in {where} (before reset_accumulation)",
+                      lambda: run_update(session, batches), AccumulationInvalidError, "reset_accumulation")
+        session.reset_accumulation()
+        reports = run_update(session, batches)
+        expect_equal(f"the update after reset_accumulation() (error was in {where}): parameters_updated",
+                     reports[-1].parameters_updated, True)
+
+
+@check("TrainingSession", hidden=True)
 def session_after_update_runs_after_step_before_zero_grad(impl):
     """after_update sees the new parameters and the update's gradients still in place."""
     session = new_session(impl, 2)
@@ -269,14 +319,46 @@ def session_after_update_runs_after_step_before_zero_grad(impl):
 @check("TrainingSession", hidden=True)
 def session_sets_lr_and_normalization_is_fixed_per_update(impl):
     """options.lr lands in every param group; normalization_units may not change inside an update."""
-    session = new_session(impl, 2)
+    session = new_session(impl, 2, two_param_groups=True)
     batches = masked_micro_batches()
     session.train_step(batches[0], TrainingStepOptions(lr=0.025, normalization_units=39), token_weighted_step)
-    expect_equal("param group lrs after options.lr=0.025", [g["lr"] for g in session.optimizer.param_groups],
-                 [0.025] * len(session.optimizer.param_groups))
+    expect_equal("lrs of the 2 param groups (0.1 and 0.05 before) after options.lr=0.025",
+                 [g["lr"] for g in session.optimizer.param_groups], [0.025, 0.025])
     expect_raises("normalization_units 39 -> 40 inside one update",
                   lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=40),
                                              token_weighted_step), ValueError, "normalization_units")
+
+
+@check("TrainingSession", hidden=True)
+def session_state_and_load_state_round_trip(impl):
+    """state() reports lr (param group 0), optimizer_step, microsteps_accumulated, accumulation_valid; load_state
+    restores optimizer_step and lr (every group) at an update boundary, and raises ValueError naming
+    microsteps_accumulated, changing nothing, when the saved state or the session is inside an update."""
+    def lrs(session):
+        return [g["lr"] for g in session.optimizer.param_groups]
+    batches = masked_micro_batches()[:2]
+    saved_from = new_session(impl, 2, two_param_groups=True)
+    run_update(saved_from, batches, lr=0.025)
+    boundary = saved_from.state()
+    expect_equal("state() after one update at lr 0.025: (lr, optimizer_step, microsteps_accumulated, "
+                 "accumulation_valid)", (boundary.lr, boundary.optimizer_step, boundary.microsteps_accumulated,
+                                         boundary.accumulation_valid), (0.025, 1, 0, True))
+    restored = new_session(impl, 2, two_param_groups=True)
+    restored.load_state(boundary)
+    expect_equal("after load_state(state at update 1, lr 0.025): (optimizer_step, lrs of both groups)",
+                 (restored.optimizer_step, lrs(restored)), (1, [0.025, 0.025]))
+    saved_from.train_step(batches[0], TrainingStepOptions(lr=0.0125, normalization_units=39), token_weighted_step)
+    inside = saved_from.state()
+    expect_equal("state().microsteps_accumulated after 1 micro-step of 2", inside.microsteps_accumulated, 1)
+    fresh = new_session(impl, 2, two_param_groups=True)
+    expect_raises("load_state(a state saved inside an update)", lambda: fresh.load_state(inside), ValueError,
+                  "microsteps_accumulated")
+    expect_equal("(optimizer_step, lrs) after a refused load_state", (fresh.optimizer_step, lrs(fresh)),
+                 (0, [0.1, 0.05]))
+    expect_raises("load_state(boundary state) on a session inside an update",
+                  lambda: saved_from.load_state(boundary), ValueError, "microsteps_accumulated")
+    expect_equal("(optimizer_step, lrs) of the session inside an update after a refused load_state",
+                 (saved_from.optimizer_step, lrs(saved_from)), (1, [0.0125, 0.0125]))
 
 
 _SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__")
@@ -366,6 +448,19 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
 
 
 @check("TrainingSession", hidden=True)
+def session_skipped_update_calls_no_after_update(impl):
+    """An update the GradScaler skips (inf gradient) does not run after_update; the next one does, once."""
+    calls = []
+    session = new_session(impl, 4, scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 10))
+    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
+    skipped = run_update(session, masked_micro_batches(), after_update=lambda: calls.append("skipped update"))[-1]
+    hook.remove()
+    run_update(session, masked_micro_batches(), after_update=lambda: calls.append("next update"))
+    expect_equal("overflow_skipped of the update with an inf gradient", skipped.overflow_skipped, True)
+    expect_equal("after_update calls (skipped update, then a clean one)", calls, ["next update"])
+
+
+@check("TrainingSession", hidden=True)
 def session_runs_step_fn_under_autocast(impl):
     """autocast=torch.autocast('cpu', bfloat16): the step_fn runs inside it."""
     dtypes = []
@@ -398,7 +493,11 @@ def session_drives_the_text_run(impl):
 
 # --- migrate_train_state -------------------------------------------------------------------
 
-LEGACY = {"epoch": 1, "step": 7, "batch_size": 2, "accum_steps": 4, "model": {"w": 1}, "optimizer": {"s": 2}}
+LEGACY = {"epoch": 1, "step": 7, "batch_size": 2, "accum_steps": 4, "sample_count": 40, "model": {"w": 1},
+          "optimizer": {"s": 2}}
+# Lesson 15's stage assembly at the end of an epoch: 160 samples in micro-batches of 6 is 27 micro-steps; with
+# accum 4 the tail flush applied micro-steps 25-27 before the save.
+LEGACY_EPOCH_END = {"epoch": 0, "step": 27, "batch_size": 6, "accum_steps": 4, "sample_count": 160}
 
 
 @check("migrate_train_state")
@@ -432,9 +531,45 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
                   "batch_size_semantics")
     expect_raises("legacy accum_steps=0", lambda: impl.migrate_train_state(dict(LEGACY, accum_steps=0)), ValueError,
                   "accum_steps")
-    expect_raises("legacy without batch_size",
-                  lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != "batch_size"}),
-                  ValueError, "batch_size")
+    for key in ("batch_size", "sample_count"):
+        expect_raises(f"legacy without {key} (it has no default)",
+                      lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != key}), ValueError, key)
+
+
+def migrated_or_fail(impl, state: dict, fields: tuple, expected: tuple) -> dict:
+    """``migrate_train_state(state)``; a ValueError there fails with ACTUAL vs EXPECTED (the state is valid)."""
+    try:
+        return impl.migrate_train_state(dict(state))
+    except ValueError as exc:
+        fail(f"migrate_train_state({state}): {fields}", f"ValueError: {exc}", expected)
+
+
+@check("migrate_train_state", hidden=True)
+def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
+    """step == ceil(sample_count / batch_size) was saved after the epoch's tail flush: resume at update 0 of the
+    next epoch with nothing dropped; one micro-step earlier is mid-epoch; past the end is a ValueError naming step."""
+    fields = ("epoch", "update_step_in_epoch", "sample_position", "dropped_microsteps", "global_batch_size")
+    migrated = migrated_or_fail(impl, LEGACY_EPOCH_END, fields, (1, 0, 0, 0, 24))
+    got = tuple(migrated.get(k) for k in fields)
+    if got != (1, 0, 0, 0, 24):
+        fail(f"legacy epoch 0, step 27, micro-batch 6 x accum 4, 160 samples: {fields}", got, (1, 0, 0, 0, 24),
+             "hint: 27 = ceil(160 / 6) is the epoch's last micro-step and the tail flush applied micro-steps 25-27; "
+             "resuming at update 6 with 3 dropped trains samples 144-159 twice")
+    mid = impl.migrate_train_state(dict(LEGACY_EPOCH_END, step=26))
+    expect_equal("legacy step 26 of 27: (epoch, update_step_in_epoch, dropped_microsteps)",
+                 (mid["epoch"], mid["update_step_in_epoch"], mid["dropped_microsteps"]), (0, 6, 2))
+    expect_raises("legacy step 28 > ceil(160 / 6) = 27", lambda: impl.migrate_train_state(dict(LEGACY_EPOCH_END,
+                                                                                                  step=28)),
+                  ValueError, "step")
+
+
+@check("migrate_train_state", hidden=True)
+def migrate_fills_documented_legacy_defaults(impl):
+    """A legacy state without epoch, step or accum_steps takes epoch 0, step 0, accum_steps 1."""
+    fields = ("epoch", "update_step_in_epoch", "accum_steps", "global_batch_size", "dropped_microsteps")
+    migrated = migrated_or_fail(impl, {"batch_size": 4, "sample_count": 40}, fields, (0, 0, 1, 4, 0))
+    expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
+                 tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
 
 # --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
 
@@ -483,9 +618,74 @@ LESSON.mistake('split_drops_partial_micro', 'drops a partial micro-batch of a sh
                'for i in range(0, len(samples) - micro + 1, micro)]',
                split_global_batch_micro_sizes)
 LESSON.mistake('legacy_batch_kept_as_global', 'reads a legacy micro-batch size as the global batch',
-               'global_batch = state["batch_size"] * state["accum_steps"]',
-               'global_batch = state["batch_size"]',
+               'global_batch = legacy["batch_size"] * accum',
+               'global_batch = legacy["batch_size"]',
                migrate_legacy_state_to_global_semantics)
+
+LESSON.mistake('norm_without_clipping', 'computes the pre-clip gradient norm but never clips (max_norm = inf)',
+               'grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)',
+               'grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), float("inf"))',
+               session_clips_the_update)
+LESSON.mistake('zero_grad_norm_when_not_clipping', 'reports grad_norm 0 instead of None when clipping is off',
+               '        grad_norm = None\n',
+               '        grad_norm = torch.zeros(())\n',
+               session_clips_the_update)
+LESSON.mistake('invalidates_only_on_step_fn_errors',
+               'marks the accumulation invalid only when step_fn raises, not on errors in backward or the hooks',
+               '        try:\n            return self._train_step(batch, options, step_fn)\n'
+               '        except BaseException:\n'
+               '            self.accumulation_valid = False\n            raise\n',
+               '        def guarded_step_fn(model, micro_batch):\n            try:\n'
+               '                return step_fn(model, micro_batch)\n            except BaseException:\n'
+               '                self.accumulation_valid = False\n                raise\n'
+               '        return self._train_step(batch, options, guarded_step_fn)\n',
+               session_error_anywhere_invalidates_the_accumulation)
+LESSON.mistake('after_update_on_skipped_step', 'runs after_update although the GradScaler skipped the step',
+               '            self.optimizer_step += 1\n            if options.after_update is not None:\n'
+               '                options.after_update()\n',
+               '            self.optimizer_step += 1\n        if options.after_update is not None:\n'
+               '            options.after_update()\n',
+               session_skipped_update_calls_no_after_update)
+LESSON.mistake('lr_on_first_group_only', 'writes options.lr into the first param group only',
+               '            for group in self.optimizer.param_groups:\n                group["lr"] = options.lr\n',
+               '            self.optimizer.param_groups[0]["lr"] = options.lr\n',
+               session_sets_lr_and_normalization_is_fixed_per_update)
+LESSON.mistake('state_reports_initial_lr', "state() reports the optimizer's construction lr, not the current one",
+               'TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"]',
+               'TrainingSessionState(lr=self.optimizer.defaults["lr"]',
+               session_state_and_load_state_round_trip)
+LESSON.mistake('load_state_accepts_mid_update_state', 'load_state accepts a state saved inside an update',
+               'if state.microsteps_accumulated or self.microsteps_accumulated:',
+               'if self.microsteps_accumulated:',
+               session_state_and_load_state_round_trip)
+LESSON.mistake('load_state_inside_an_update', 'load_state runs on a session that is inside an update',
+               'if state.microsteps_accumulated or self.microsteps_accumulated:',
+               'if state.microsteps_accumulated:',
+               session_state_and_load_state_round_trip)
+LESSON.mistake('load_state_keeps_optimizer_step', 'load_state does not restore optimizer_step',
+               '        self.optimizer_step = state.optimizer_step\n',
+               '',
+               session_state_and_load_state_round_trip)
+LESSON.mistake('load_state_keeps_lr', 'load_state does not restore the lr',
+               '        for group in self.optimizer.param_groups:\n            group["lr"] = state.lr\n',
+               '',
+               session_state_and_load_state_round_trip)
+LESSON.mistake('epoch_end_needs_a_window_boundary',
+               'takes a legacy epoch end whose step is not a multiple of accum_steps as mid-epoch: the tail is '
+               'trained twice',
+               'if step == micro_steps_per_epoch:',
+               'if step == micro_steps_per_epoch and step % accum == 0:',
+               migrate_resumes_an_epoch_end_at_the_next_epoch)
+LESSON.mistake('legacy_epoch_length_floored', 'floor(sample_count / batch_size) micro-steps per epoch: the partial '
+               'last micro-batch is forgotten',
+               'micro_steps_per_epoch = math.ceil(legacy["sample_count"] / legacy["batch_size"])',
+               'micro_steps_per_epoch = legacy["sample_count"] // legacy["batch_size"]',
+               migrate_resumes_an_epoch_end_at_the_next_epoch)
+LESSON.mistake('legacy_defaults_ignored', 'raises on a legacy state without epoch / step / accum_steps instead of '
+               'using the documented defaults',
+               'legacy = {**LEGACY_DEFAULTS, **state}',
+               'legacy = dict(state)',
+               migrate_fills_documented_legacy_defaults)
 
 LESSON.equivalent('weight_inside_the_graph', 'loss * units / N as tensor ops instead of a Python float weight',
                   'self.scaler.scale(output.loss * weight).backward()',

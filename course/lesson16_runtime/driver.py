@@ -33,13 +33,21 @@ def dataset_identity(dataset, name: str) -> str:
 
 
 class LossReadback:
-    """Update losses stay on the device until read back, all pending ones in one host copy."""
+    """Update losses stay on the device until read back, all pending ones in one host copy.
+
+    One push per update, in order: a step pushed twice or a skipped step is a ValueError.
+    """
 
     def __init__(self):
         self._pending: list[tuple[int, torch.Tensor, int]] = []
+        self._last_step: Optional[int] = None
         self.values_read = 0
 
     def push(self, global_step: int, loss_sum: torch.Tensor, loss_units: int) -> None:
+        if self._last_step is not None and global_step != self._last_step + 1:
+            raise ValueError(f"global_step {global_step} pushed after {self._last_step}: the loss readback takes one "
+                             f"push per update, in order (expected {self._last_step + 1})")
+        self._last_step = global_step
         self._pending.append((global_step, loss_sum, loss_units))
 
     def drain(self) -> dict[int, float]:

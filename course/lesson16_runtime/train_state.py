@@ -4,7 +4,8 @@ The checkpoint is written and read by lesson 15's ``save_checkpoint`` / ``load_c
 validated, ``weights_only``); the training state travels in its extra keys with
 ``batch_size_semantics="global"``, so ``step`` counts UPDATES of the epoch. A checkpoint without
 ``batch_size_semantics`` (e.g. from lesson 15's stage assembly) is a legacy state, migrated by the
-implementation's ``migrate_train_state``.
+implementation's ``migrate_train_state``; a legacy file without ``sample_count`` gets this run's, and one
+with a different ``sample_count`` is refused (its epoch ends elsewhere).
 """
 from __future__ import annotations
 
@@ -56,11 +57,16 @@ def _run_state_of(checkpoint: dict, session, *, global_batch_size: int, accum_st
                   identity: str, impl) -> tuple[TrainingRunState, str]:
     if checkpoint.get("batch_size_semantics") is not None:   # a new state: ``step`` counts updates
         checkpoint["update_step_in_epoch"] = checkpoint.pop("step")
+    else:   # legacy: the epoch's length tells its end from its inside; the run knows it if the file does not
+        checkpoint.setdefault("sample_count", sample_count)
     state = impl.migrate_train_state(checkpoint)
     for key, wanted in (("global_batch_size", global_batch_size), ("accum_steps", accum_steps)):
         if state[key] != wanted:
             raise ValueError(f"{key} of the checkpoint is {state[key]}, the run asks for {wanted}: "
                              "resume with the checkpoint's global batch and accumulation")
+    if state.get("sample_count", sample_count) != sample_count:
+        raise ValueError(f"sample_count of the checkpoint is {state['sample_count']}, this run reads "
+                         f"{sample_count} samples: its epochs (and their ends) differ")
     if state.get("dataset_identity", identity) != identity:
         raise ValueError(f"dataset_identity of the checkpoint is {state['dataset_identity']!r}, "
                          f"this run reads {identity!r}")

@@ -67,7 +67,18 @@ class TrainingStepReport:
     On a micro-step that does not close an update: ``parameters_updated=False``,
     ``loss_sum=None``, ``loss_units=0``. On the micro-step that closes it, ``loss_sum`` /
     ``loss_units`` are the update's totals (``loss_sum`` still a device tensor: read it back
-    when convenient). ``overflow_skipped``: a GradScaler found inf/NaN and skipped the step.
+    when convenient) and ``microsteps_accumulated`` is the number of micro-steps the update held.
+
+    One name per outcome of a closing micro-step (lesson 14 uses the same two names):
+
+    * ``parameters_updated``: ``optimizer.step`` ran; ``optimizer_step`` counts these updates.
+    * ``overflow_skipped``: the GradScaler found inf/NaN and skipped ``optimizer.step``.
+    * ``update_closed``: the update's data is consumed: it stepped or was skipped.
+    * ``aborted``: ``before_update`` returned True; the gradients were discarded, the update is not closed.
+
+    ``grad_norm`` is the pre-clip norm when clipping is on, ``None`` when it is off.
+    Upstream MiniMind calls ``scaler.step`` and never reports a skip: its step counter, lr
+    schedule and logs advance as if the update had happened.
     """
 
     parameters_updated: bool
@@ -81,7 +92,7 @@ class TrainingStepReport:
 
     @property
     def update_closed(self) -> bool:
-        """The update's data is consumed: it stepped, or the scaler skipped an overflow."""
+        """The update's data is consumed: it stepped or was skipped (``parameters_updated or overflow_skipped``)."""
         return self.parameters_updated or self.overflow_skipped
 
 
@@ -102,6 +113,8 @@ class TrainingRunState:
     """The run driver's state: where in the data and in the schedule the run is.
 
     ``update_step_in_epoch`` and ``global_step`` count optimizer UPDATES, never micro-steps.
+    ``sample_position`` is the number of samples of the epoch's order already consumed, i.e. where
+    the next update's global batch starts (0 at the start of an epoch).
     """
 
     epoch: int = 0

@@ -104,7 +104,8 @@ class TrainingSession:
                                     accumulation_valid=self.accumulation_valid)
 
     def load_state(self, state: TrainingSessionState) -> None:
-        """Restore at an update boundary (pending gradients are never saved)."""
+        """Restore ``optimizer_step`` and the lr of every param group at an update boundary (pending gradients
+        are never saved): a state or a session inside an update is refused before anything changes."""
         if state.microsteps_accumulated or self.microsteps_accumulated:
             raise ValueError("load_state needs an update boundary: microsteps_accumulated must be 0, got "
                              f"{state.microsteps_accumulated} (saved) / {self.microsteps_accumulated} (session)")
@@ -180,32 +181,51 @@ class TrainingSession:
                                   grad_norm, overflow_skipped=skipped)
 
 
+# Legacy keys a state may lack, and what their absence means (lesson 16 §6). ``batch_size`` and
+# ``sample_count`` have no default: without them the global batch and the epoch's end are unknown.
+LEGACY_DEFAULTS = {"epoch": 0, "step": 0, "accum_steps": 1}
+
+
 def migrate_train_state(state: dict) -> dict:
     """Return a training state with global batch-size semantics (the input is not modified).
 
-    A state without ``batch_size_semantics`` is legacy: ``batch_size`` was the micro-batch and
-    ``step`` counted micro-steps of the epoch. It becomes ``global_batch_size = batch_size *
-    accum_steps``, resumed at the LAST UPDATE BOUNDARY: the ``step % accum_steps`` micro-steps
-    after it were never in the file (pending gradients are not saved) and are trained again.
+    A state without ``batch_size_semantics`` is legacy: ``batch_size`` was the micro-batch, ``step``
+    counted micro-steps of the epoch and ``sample_count`` is the epoch's sample count. It becomes
+    ``global_batch_size = batch_size * accum_steps``. A ``step`` inside the epoch resumes at the LAST
+    UPDATE BOUNDARY: the ``step % accum_steps`` micro-steps after it were never in the file (pending
+    gradients are not saved) and are trained again. ``step == ceil(sample_count / batch_size)`` is the
+    epoch's end, saved after its tail flush: every sample was applied, so it resumes at the start of
+    the next epoch.
     """
     semantics = state.get("batch_size_semantics")
     if semantics == GLOBAL_SEMANTICS:
         return dict(state)
     if semantics is not None:
         raise ValueError(f"batch_size_semantics must be {GLOBAL_SEMANTICS!r} or absent (legacy), got {semantics!r}")
-    for key, low in (("batch_size", 1), ("accum_steps", 1), ("step", 0), ("epoch", 0)):
-        value = state.get(key)
+    legacy = {**LEGACY_DEFAULTS, **state}
+    for key, low in (("batch_size", 1), ("sample_count", 1), ("accum_steps", 1), ("step", 0), ("epoch", 0)):
+        value = legacy.get(key)
         if not isinstance(value, int) or value < low:
             raise ValueError(f"legacy state: {key} must be an int >= {low}, got {value!r}")
-    migrated = {k: v for k, v in state.items() if k not in ("batch_size", "step")}
-    update_step = state["step"] // state["accum_steps"]
-    global_batch = state["batch_size"] * state["accum_steps"]
-    dropped = state["step"] % state["accum_steps"]
-    migrated.update(batch_size_semantics=GLOBAL_SEMANTICS, global_batch_size=global_batch,
+    epoch, step, accum = legacy["epoch"], legacy["step"], legacy["accum_steps"]
+    micro_steps_per_epoch = math.ceil(legacy["sample_count"] / legacy["batch_size"])
+    if step > micro_steps_per_epoch:
+        raise ValueError(f"legacy state: step {step} is past the epoch's end, ceil(sample_count "
+                         f"{legacy['sample_count']} / batch_size {legacy['batch_size']}) = {micro_steps_per_epoch} "
+                         "micro-steps")
+    global_batch = legacy["batch_size"] * accum
+    if step == micro_steps_per_epoch:   # the tail flush applied the last step % accum micro-steps
+        epoch, update_step, dropped = epoch + 1, 0, 0
+        where = (f"epoch {legacy['epoch']} was complete (saved after its tail flush at micro-step {step}); "
+                 f"resumed at update 0 of epoch {epoch}, the start of the next epoch")
+    else:
+        update_step, dropped = step // accum, step % accum
+        where = (f"resumed at update {update_step} of epoch {epoch}, the last update boundary "
+                 f"({dropped} later micro-steps are trained again)")
+    migrated = {k: v for k, v in legacy.items() if k not in ("batch_size", "step")}
+    migrated.update(batch_size_semantics=GLOBAL_SEMANTICS, global_batch_size=global_batch, epoch=epoch,
                     update_step_in_epoch=update_step, sample_position=update_step * global_batch,
                     dropped_microsteps=dropped,
-                    migration_note=(f"legacy micro-batch semantics: batch_size {state['batch_size']} x accum_steps "
-                                    f"{state['accum_steps']} -> global_batch_size {global_batch}; resumed at update "
-                                    f"{update_step} of epoch {state['epoch']}, the last update boundary "
-                                    f"({dropped} later micro-steps are trained again)"))
+                    migration_note=(f"legacy micro-batch semantics: batch_size {legacy['batch_size']} x accum_steps "
+                                    f"{accum} -> global_batch_size {global_batch}; {where}"))
     return migrated
