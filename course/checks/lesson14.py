@@ -267,7 +267,8 @@ LESSON.mistake("clip_before_unscale", "clips the still-scaled gradients, then un
                "    scaler.unscale_(optimizer)\n    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
                "    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n    scaler.unscale_(optimizer)\n",
                train_one_epoch_matches_oracle_amp)
-LESSON.mistake("no_tail_flush", "drops the gradients of an epoch's last, partial window",
+LESSON.mistake("no_tail_flush", "never flushes an epoch's partial last window: its gradients leak into the next "
+               "epoch's first update (K + r micro-batches) and are lost after the last epoch",
                "if should_flush_tail(last_step, start_step, accumulation_steps):", "if False:",
                train_one_epoch_matches_oracle_fp32)
 LESSON.mistake("lr_only_at_optimizer_steps", "writes the lr into the optimizer only on update micro-steps",
