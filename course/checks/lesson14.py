@@ -43,7 +43,7 @@ LESSON = Lesson(
         Exercise("should_flush_tail", "14 §5.4", points=1, hidden_points=1),
         Exercise("train_one_epoch", "14 §5.5", points=3, hidden_points=2),
     ],
-    labs=("lesson14_trace_pretrain_step.py", "bench_lesson14_grader.py"),
+    labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "bench_lesson14_grader.py"),
     notebook_mistake="clip_before_unscale",
     report=mechanics_report,
 )
@@ -267,7 +267,8 @@ LESSON.mistake("clip_before_unscale", "clips the still-scaled gradients, then un
                "    scaler.unscale_(optimizer)\n    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
                "    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n    scaler.unscale_(optimizer)\n",
                train_one_epoch_matches_oracle_amp)
-LESSON.mistake("no_tail_flush", "drops the gradients of an epoch's last, partial window",
+LESSON.mistake("no_tail_flush", "never flushes an epoch's partial last window: its gradients leak into the next "
+               "epoch's first update (K + r micro-batches) and are lost after the last epoch",
                "if should_flush_tail(last_step, start_step, accumulation_steps):", "if False:",
                train_one_epoch_matches_oracle_fp32)
 LESSON.mistake("lr_only_at_optimizer_steps", "writes the lr into the optimizer only on update micro-steps",

@@ -34,7 +34,7 @@ LESSON = Lesson(
         Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),
         Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),
     ],
-    labs=("lesson15_resume.py",),
+    labs=("lesson15_resume.py", "lesson15_checkpoint_size.py"),
     notebook_mistake="non_atomic_write",
 )
 check = LESSON.check
