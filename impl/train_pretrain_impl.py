@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
     iters = math.ceil(len(dataset) / args.batch_size)
     out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)  # for resume checkpoints too, whoever's save_checkpoint runs
     moe = "_moe" if args.use_moe else ""
     resume_file = out_dir / f"pretrain_{args.hidden_size}{moe}_resume.pth"
     Logger(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M, "
@@ -161,7 +162,6 @@ def main(argv=None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / f"pretrain_{args.hidden_size}{moe}.pth"
     torch.save(model.state_dict(), weights)
     Logger(f"saved weights to {weights}")
