@@ -19,6 +19,7 @@ import pytest
 import torch
 from stub_copies import untouched_impl
 
+from course.checks import get_lesson
 from course.checks.framework import expect_equal
 from course.checks.lesson15 import compare_resumed
 from course.implementations import REPO_ROOT, load_implementation, load_module
@@ -231,7 +232,6 @@ def test_stage_assembly_creates_out_dir_for_any_save_checkpoint(tmp_path, capsys
     """Lesson 15 §7's interrupted run into a new nested --out_dir, with a save_checkpoint that does not create
     the parent directory itself (the catalogued mistake ``no_parent_directory``): the glue creates out_dir, so the
     run saves its resume checkpoint instead of crashing with FileNotFoundError."""
-    from course.checks import get_lesson
     mistake = next(m for m in get_lesson("15").mistakes if m.name == "no_parent_directory")
     submission = untouched_impl(tmp_path / "submission")
     (submission / "train_loop.py").write_text((REPO_ROOT / "course" / "reference" / "train_loop.py").read_text())
