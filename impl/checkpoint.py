@@ -36,12 +36,20 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
     Aligns with the save half of ``course/minimind/trainer_utils.py::lm_checkpoint``, without its fp16
     quirk. Store a dict with ``model`` (the fp32 ``state_dict``), ``optimizer``, ``scaler``
     (``scaler.state_dict()``, or None when ``scaler`` is None), ``epoch``, ``step`` (micro-steps done in
-    ``epoch``), ``world_size`` (1 without torch.distributed), ``model_config``
-    (``dataclasses.asdict(model.config)``) and every ``extra`` keyword (by ``state_dict()`` when it has one).
-    Write to a temporary file in the same directory, then ``os.replace`` it onto ``path``; on any
-    error remove the temporary file and re-raise, leaving an existing ``path`` untouched.
+    ``epoch``), ``world_size`` (``dist.get_world_size()`` when ``dist.is_initialized()``, else 1),
+    ``model_config`` (``dataclasses.asdict(model.config)``) and every ``extra`` keyword (by
+    ``state_dict()`` when it has one).
+    Save the model itself, not its wrappers: unwrap ``model.module`` while ``model`` is a
+    ``torch.nn.parallel.DistributedDataParallel`` and ``model._orig_mod`` while it has one (torch.compile),
+    in any order, so no key starts with ``module.`` or ``_orig_mod.`` and ``model.config`` is found.
+    Under torch.distributed (``dist.is_initialized()``) only rank 0 (``dist.get_rank() == 0``) writes;
+    other ranks validate the same way and return without writing.
+    Create the parent directory. Write to a temporary file in the SAME directory as ``path``, flush and
+    ``os.fsync`` it, then ``os.replace`` it onto ``path``; on any error remove the temporary file and
+    re-raise, leaving an existing ``path`` untouched.
     Raise ``ValueError`` naming ``epoch``/``step`` when negative, and naming ``accumulation`` when the
-    model still holds non-zero gradients (a save in the middle of an accumulation window).
+    model still holds non-zero gradients (a save in the middle of an accumulation window; gradients
+    that are all zero, e.g. after ``zero_grad(set_to_none=False)``, are not pending).
     """
     raise NotImplementedError("save_checkpoint: TODO - see lesson 15 §5.2 (aligns with lm_checkpoint)")
 
@@ -51,9 +59,23 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
 
     Aligns with the load half of ``lm_checkpoint`` plus upstream's ``load_state_dict`` calls in
     ``train_pretrain.py``. Read with ``torch.load(path, map_location="cpu", weights_only=True)``.
-    A missing file raises ``FileNotFoundError``; a truncated or unreadable file, missing keys, wrong
-    shapes or dtypes, another model config or a mismatching optimizer raise ``ValueError`` naming the
-    path and what is wrong - all checked BEFORE ``model``/``optimizer``/``scaler`` change.
+    Validate everything BEFORE the first ``load_state_dict``, so a refused file leaves ``model``,
+    ``optimizer`` and ``scaler`` exactly as they were. Validating needs no loading: compare the dict
+    with ``model.state_dict()``, ``model.config``, ``optimizer.param_groups`` and ``scaler.is_enabled()``.
+    A missing file raises ``FileNotFoundError`` naming the path. Everything else raises ``ValueError``
+    whose message names the path and the offending key:
+    - unreadable (truncated, not a ``torch.save`` file, or an object ``weights_only`` refuses) or not a dict;
+    - a missing key of ``model``, ``optimizer``, ``scaler``, ``epoch``, ``step``, ``world_size`` (name it);
+      ``epoch``/``step`` not ints >= 0, ``world_size`` not an int >= 1 (name the key);
+    - ``model_config`` differs from ``dataclasses.asdict(model.config)`` in any field, also one that no
+      shape shows (e.g. ``rope_theta``): name the field;
+    - ``model`` lacks a key of ``model.state_dict()``, has an extra one, or one tensor's shape or dtype
+      differs (fp16 weights are an export, not a resume checkpoint): name the parameter;
+    - (``optimizer`` given) a different number of param groups or of parameters, param groups with other
+      hyper-parameter keys (another optimizer type), or a state tensor (dim > 0) shaped unlike its
+      parameter: name ``optimizer``;
+    - (``scaler`` given and enabled) an empty saved scaler state (a disabled GradScaler saves ``{}``;
+      torch would raise only inside ``scaler.load_state_dict``, after the model changed): name ``scaler``.
     ``world_size`` (None: the current process group, else 1): when it differs from the saved one,
     return ``step * saved_world_size // world_size`` as ``step`` (upstream's rescale).
     """

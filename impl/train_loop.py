@@ -42,7 +42,10 @@ def should_step_optimizer(step: int, accumulation_steps: int) -> bool:
 def should_flush_tail(last_step: int, start_step: int, accumulation_steps: int) -> bool:
     """TODO (lesson 14 §5.4): True when the epoch ran micro-steps and ended inside a window.
 
-    Aligns with the tail-flush condition after the loop in ``train_epoch``.
+    Aligns with the tail-flush condition after the loop in ``train_epoch``: flush iff
+    ``last_step > start_step`` (a resume at ``start_step == last_step`` ran nothing, whatever
+    ``last_step % K`` is) and ``last_step % accumulation_steps != 0`` (windows count from micro-step 1
+    of the epoch, not from ``start_step``).
     Raise ``ValueError`` naming the argument when ``accumulation_steps <= 0``, ``start_step < 0``
     or ``last_step < start_step``.
     """
@@ -55,12 +58,17 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     """TODO (lesson 14 §5.5): one epoch of MiniMind's pretrain loop, without logging/saving/DDP.
 
     Aligns with ``course/minimind/train_pretrain.py::train_epoch``. Use the four functions above.
+    Set the lr in EVERY ``optimizer.param_groups`` entry at every micro-step.
     Return one dict per micro-step with ``step``, ``lr``, ``loss`` (unscaled, aux included),
-    ``aux_loss``, ``optimizer_step`` (bool), ``grad_norm`` (pre-clip norm where the optimizer
-    stepped, else None) and ``tail_flush`` (True on the micro-step whose window the tail flush
-    closed). ``scaler=None`` means a disabled ``torch.amp.GradScaler``; ``autocast_ctx=None``
-    means ``nullcontext()``. Before any work, raise ``ValueError`` naming the argument when
-    ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0, ``epoch`` is outside ``[0, epochs)``
-    or ``start_step`` is outside ``[0, iters]``.
+    ``aux_loss``, ``update_closed`` (bool: this micro-step closed an accumulation window, i.e. the
+    optimizer was asked to step, including the tail flush), ``overflow_skipped`` (bool: True iff an
+    enabled GradScaler found inf/NaN gradients and skipped ``optimizer.step`` there; its ``update()``
+    then lowers the scale, so compare ``scaler.get_scale()`` before and after), ``grad_norm``
+    (pre-clip norm where an update closed, else None) and ``tail_flush`` (True on the micro-step whose
+    window the tail flush closed). An epoch that runs no micro-step (a resume at ``start_step == iters``)
+    returns ``[]`` and changes nothing. ``scaler=None`` means a disabled ``torch.amp.GradScaler``
+    (it never skips); ``autocast_ctx=None`` means ``nullcontext()``. Before any work, raise
+    ``ValueError`` naming the argument when ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0,
+    ``epoch`` is outside ``[0, epochs)`` or ``start_step`` is outside ``[0, iters]``.
     """
     raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")

@@ -39,6 +39,8 @@ def parse_args(argv=None):
                         data_path=str(TINY_CORPUS), save_interval=0)
     parser.add_argument("--impl", choices=["student", "reference"], default="student",
                         help="whose train_one_epoch to run (default: yours, impl/train_loop.py)")
+    parser.add_argument("--impl-dir", dest="impl_dir", default=None, metavar="DIR",
+                        help="run a submission laid out like impl/ (its train_loop.py and checkpoint.py) instead")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))
     # Lesson 15. --save_interval (upstream's flag) counts micro-steps; 0 writes no resume checkpoint.
     parser.add_argument("--resume", default=None, metavar="PATH",
@@ -96,13 +98,14 @@ def counted(batches, bar):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    train_loop = load_implementation("train_loop.py", args.impl)
+    train_loop = load_implementation("train_loop.py", args.impl, args.impl_dir)
     checkpointing = args.resume is not None or args.save_interval > 0 or args.stop_after > 0
-    ckpt = load_implementation("checkpoint.py", args.impl) if checkpointing else None
+    ckpt = load_implementation("checkpoint.py", args.impl, args.impl_dir) if checkpointing else None
     model, optimizer, scaler, autocast_ctx = build_training(args)
     dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
     iters = math.ceil(len(dataset) / args.batch_size)
     out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)  # for resume checkpoints too, whoever's save_checkpoint runs
     moe = "_moe" if args.use_moe else ""
     resume_file = out_dir / f"pretrain_{args.hidden_size}{moe}_resume.pth"
     Logger(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M, "
@@ -161,7 +164,6 @@ def main(argv=None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / f"pretrain_{args.hidden_size}{moe}.pth"
     torch.save(model.state_dict(), weights)
     Logger(f"saved weights to {weights}")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stub_copies import untouched_impl
+
 from course.checks import get_lesson
 from course.implementations import STUDENT_DIR
 
@@ -18,8 +20,9 @@ def course_cli(*args) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_untouched_stubs_report_todo_and_exit_1():
-    proc = course_cli("check", "14")
+def test_untouched_stubs_report_todo_and_exit_1(tmp_path):
+    """Graded on an untouched copy of impl/, so it holds however far the student has got."""
+    proc = course_cli("check", "14", "--impl-dir", str(untouched_impl(tmp_path / "impl")))
     assert proc.returncode == 1, f"ACTUAL exit {proc.returncode}, EXPECTED 1\n{proc.stdout}{proc.stderr}"
     for name in ("cosine_lr", "scale_loss_for_accumulation", "should_step_optimizer", "should_flush_tail",
                  "train_one_epoch"):
@@ -57,13 +60,18 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     assert proc.returncode == 2 and "invalid choice" in proc.stderr, proc.stderr
 
 
-def test_align_prints_the_report_and_exits_by_alignment():
-    """``python -m course align 14``: the reference prints the report and passes; untouched stubs say TODO."""
+def test_align_prints_the_report_and_exits_by_alignment(tmp_path):
+    """``python -m course align 14``: the reference prints the report and passes; untouched stubs (an untouched
+    copy of impl/ standing in for the student's, so the test holds however far the student has got) say TODO."""
     proc = course_cli("align", "14", "--impl", "reference")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1] == "alignment=passed", proc.stdout
     assert "optimizer_step_micro_steps=[4, 8]" in proc.stdout, proc.stdout
-    proc = course_cli("align", "14")
+    untouched = untouched_impl(tmp_path / "impl")
+    proc = subprocess.run([sys.executable, "-c", "import pathlib, sys; import course.implementations as i; "
+                           "i.STUDENT_DIR = pathlib.Path(sys.argv[1]); from course.cli import main; "
+                           "sys.exit(main(['align', '14']))", str(untouched)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "alignment=TODO" in proc.stderr, proc.stdout + proc.stderr
     proc = course_cli("align", "15")
     assert proc.returncode == 2 and "no alignment report" in proc.stderr, proc.stderr

@@ -1,11 +1,12 @@
 """Lesson 14 beyond its checks (those run in tests/test_lesson_checks.py): the alignment report that
-``python -m course align 14`` prints, for each implementation."""
+``python -m course align 14`` prints, for each implementation, and the hints of failure messages."""
 from __future__ import annotations
 
 import pytest
 
 from course.checks import get_lesson
-from course.checks.framework import expect_equal
+from course.checks.framework import expect_equal, run_check
+from course.checks.lesson14 import loss_hint, norm_hint
 
 LESSON = get_lesson("14")
 # MiniMind's get_lr minus cosine_lr at six steps of a 20-step run, loss 8 over K=4, K=4 over 8 micro-steps.
@@ -22,3 +23,24 @@ def test_alignment_report(impl_module, impl_name):
             raise
         pytest.skip(f"TODO: {exc}")
     expect_equal("alignment report lines", lines, EXPECTED_REPORT)
+
+
+@pytest.mark.parametrize("mistake_name, hint", [
+    ("zero_grad_every_micro_step", "are gradients zeroed every micro-step"),
+    ("records_scaled_loss", "record the unscaled loss"),
+    ("loss_loses_graph", "did the scaled loss lose its graph"),
+    ("empty_epoch_crashes", "return [] early"),
+])
+def test_failures_hint_at_the_likely_cause(mistake_name, hint):
+    """Numeric failures whose numbers point at a known cause say so (the mistake is built from the reference,
+    the message from the check; neither computes the other)."""
+    mistake = next(m for m in LESSON.mistakes if m.name == mistake_name)
+    check = next(c for c in LESSON.checks if c.name == mistake.caught_by)
+    result = run_check(check, mistake.build())
+    assert hint in result.message, f"{mistake_name}\n  ACTUAL: {result.message}\n  EXPECTED: ...{hint}..."
+
+
+def test_no_hint_when_the_ratio_points_nowhere():
+    """A norm off by an unrelated factor, or K = 1, gets no guess."""
+    assert norm_hint(1.0, 1.1, 4) == "" and norm_hint(0.25, 1.0, 1) == "" and loss_hint(None, 8.0, 4) == ""
+    assert "zeroed" in norm_hint(0.3, 1.0, 4) and "divided by K" in norm_hint(4.0, 1.0, 4)

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from stub_copies import untouched_impl
 
+from course.checks import get_lesson
 from course.checks.framework import expect_equal
 from course.checks.lesson15 import compare_resumed
 from course.implementations import REPO_ROOT, load_implementation, load_module
@@ -197,8 +199,11 @@ def test_stage_assembly_rejects_bad_resume_files(tmp_path, capsys):
 
 
 def test_stage_assembly_on_stubs_says_todo_for_lesson_15(tmp_path):
-    """--resume with the student's impl/ (untouched lesson-15 stubs): a TODO naming lesson 15, exit 1."""
-    proc = subprocess.run([sys.executable, "impl/train_pretrain_impl.py", "--resume", str(tmp_path / "x.pth")],
+    """--resume with untouched lesson-15 stubs: a TODO naming lesson 15, exit 1. The stubs are an untouched
+    copy of impl/ (--impl-dir), so the test holds however far the student has got."""
+    untouched = untouched_impl(tmp_path / "impl")
+    proc = subprocess.run([sys.executable, "impl/train_pretrain_impl.py", "--impl-dir", str(untouched),
+                           "--resume", str(tmp_path / "x.pth")],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Fill in impl/checkpoint.py (lesson 15 §5)" in proc.stderr, proc.stderr[-2000:]
@@ -221,3 +226,18 @@ def test_resume_checkpoint_of_the_default_config_is_small(tmp_path):
     # 3 fp32 tensors per parameter (weights, exp_avg, exp_avg_sq); the tied lm_head is stored once.
     assert 12 * params <= size <= 12 * params + 200_000, f"{size} bytes for {params} parameters"
     assert size < 5_000_000, f"resume checkpoint ACTUAL {size} bytes, EXPECTED < 5,000,000 (5 MB)"
+
+
+def test_stage_assembly_creates_out_dir_for_any_save_checkpoint(tmp_path, capsys):
+    """Lesson 15 §7's interrupted run into a new nested --out_dir, with a save_checkpoint that does not create
+    the parent directory itself (the catalogued mistake ``no_parent_directory``): the glue creates out_dir, so the
+    run saves its resume checkpoint instead of crashing with FileNotFoundError."""
+    mistake = next(m for m in get_lesson("15").mistakes if m.name == "no_parent_directory")
+    submission = untouched_impl(tmp_path / "submission")
+    (submission / "train_loop.py").write_text((REPO_ROOT / "course" / "reference" / "train_loop.py").read_text())
+    (submission / "checkpoint.py").write_text(mistake.source())
+    out_dir = tmp_path / "out" / "lesson15"
+    stage = [a for a in STAGE if a not in ("--impl", "reference")]
+    assert train_pretrain_impl.main(stage + ["--impl-dir", str(submission), "--stop_after", "4",
+                                             "--out_dir", str(out_dir)]) == 0, capsys.readouterr().err[-2000:]
+    assert (out_dir / "pretrain_48_resume.pth").is_file(), sorted(p.name for p in out_dir.parent.rglob("*"))

@@ -195,10 +195,15 @@ def test_injected_overflow_skips_the_step_and_halves_the_scale():
     expect_equal("scale without overflow (init 2**16, growth only after 2000 good steps)", clean.scale, 2.0 ** 16)
     expect_equal("scale after one overflow (backoff 0.5)", hit.scale, 2.0 ** 15)
     steps = {name: float(state["step"]) for name, state in hit.optimizer_state.items()}
-    updates = sum(r["optimizer_step"] for r in hit.records)
-    expect_equal("AdamW step count of every parameter (one update skipped)", set(steps.values()), {updates - 1.0})
+    closed = sum(r["update_closed"] for r in hit.records)
+    expect_equal("AdamW step count of every parameter (one update skipped)", set(steps.values()), {closed - 1.0})
+    expect_equal("(epoch, step) of the records marked overflow_skipped",
+                 [(r["epoch"], r["step"]) for r in hit.records if r["overflow_skipped"]], [(0, 6)])
+    expect_equal("records marked overflow_skipped without an overflow",
+                 [r for r in clean.records if r["overflow_skipped"]], [])
     overflow_record = next(r for r in hit.records if r["step"] == 6 and r["epoch"] == 0)
-    expect_equal("grad norm reported at the skipped update", overflow_record["grad_norm"], float("inf"))
+    expect_equal("(update_closed, grad norm) reported at the skipped update",
+                 (overflow_record["update_closed"], overflow_record["grad_norm"]), (True, float("inf")))
 
 
 def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):

@@ -5,16 +5,19 @@ cosine) while every catalogued mistake (end of this file) fails; the mistake-cat
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 
 import torch
 
 from course.minimind import get_lr
 
 from course.runs import LoopScenario, epoch_batches, run_impl, run_oracle, training_objects
+from course.runs.eager import eager
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENARIOS
 
-from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises,
+from .framework import (CheckFailure, Exercise, Lesson, expect_close, expect_equal, expect_raises,
                         expect_tensor_close, expect_tensors_close, fail)
 
 
@@ -78,6 +81,7 @@ def cosine_lr_endpoints(impl):
 def cosine_lr_rejects_bad_arguments(impl):
     """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument."""
     expect_raises("cosine_lr(0, 0, 1e-3)", lambda: impl.cosine_lr(0, 0, 1e-3), ValueError, "total_steps")
+    expect_raises("cosine_lr(0, -5, 1e-3)", lambda: impl.cosine_lr(0, -5, 1e-3), ValueError, "total_steps")
     expect_raises("cosine_lr(-1, 10, 1e-3)", lambda: impl.cosine_lr(-1, 10, 1e-3), ValueError, "current_step")
     expect_raises("cosine_lr(11, 10, 1e-3)", lambda: impl.cosine_lr(11, 10, 1e-3), ValueError, "current_step")
 
@@ -96,6 +100,10 @@ def scale_loss_divides_by_k(impl):
         if not scaled.requires_grad:
             fail("the scaled loss must stay in the autograd graph (requires_grad)", False, True)
         scaled.backward()
+        if loss.grad is None:
+            fail(f"d(scaled)/d(loss) for K={k}", None, 1.0 / k,
+                 "hint: no gradient reached the loss: did the scaled loss lose its graph (a new tensor "
+                 "built from .item() or .detach())?")
         expect_close(f"d(scaled)/d(loss) for K={k}", float(loss.grad), 1.0 / k, rtol=1e-6)
 
 
@@ -127,19 +135,25 @@ def should_step_at_window_ends(impl):
 
 @check("should_step_optimizer", hidden=True)
 def should_step_rejects_bad_arguments(impl):
-    """accumulation_steps <= 0 or a 0-based step raise ValueError naming the argument."""
-    expect_raises("should_step_optimizer(4, 0)", lambda: impl.should_step_optimizer(4, 0), ValueError,
-                  "accumulation_steps")
-    expect_raises("should_step_optimizer(0, 4)", lambda: impl.should_step_optimizer(0, 4), ValueError, "step")
+    """accumulation_steps <= 0 or step <= 0 (micro-steps are 1-based) raise ValueError naming the argument."""
+    for step, k in ((4, 0), (4, -1)):
+        expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
+                      "accumulation_steps")
+    for step, k in ((0, 4), (-4, 4)):
+        expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
+                      "step")
 
 # --- should_flush_tail ---------------------------------------------------------------------
 
 
 @check("should_flush_tail")
 def should_flush_only_a_partial_window(impl):
-    """Flush iff the epoch ran micro-steps (last > start) and ended inside a window."""
+    """Flush iff the epoch ran micro-steps (last > start) and ended inside a window (last % K != 0; the
+    windows count from micro-step 1 of the epoch, not from start_step)."""
     cases = [((10, 0, 4), True), ((8, 0, 4), False), ((0, 0, 4), False), ((5, 0, 1), False),
-             ((10, 8, 4), True), ((8, 8, 4), False), ((12, 9, 4), False), ((13, 12, 4), True)]
+             ((10, 8, 4), True), ((8, 8, 4), False), ((12, 9, 4), False), ((13, 12, 4), True),
+             # a resume at start_step == last_step ran nothing: no flush even though last % K != 0
+             ((5, 5, 4), False), ((6, 6, 4), False)]
     for args, expected in cases:
         expect_equal(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})",
                      bool(impl.should_flush_tail(*args)), expected)
@@ -147,9 +161,10 @@ def should_flush_only_a_partial_window(impl):
 
 @check("should_flush_tail", hidden=True)
 def should_flush_rejects_bad_arguments(impl):
-    """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError."""
-    expect_raises("should_flush_tail(10, 0, 0)", lambda: impl.should_flush_tail(10, 0, 0), ValueError,
-                  "accumulation_steps")
+    """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError naming it."""
+    for k in (0, -4):
+        expect_raises(f"should_flush_tail(10, 0, {k})", lambda: impl.should_flush_tail(10, 0, k), ValueError,
+                      "accumulation_steps")
     expect_raises("should_flush_tail(3, 5, 4)", lambda: impl.should_flush_tail(3, 5, 4), ValueError, "last_step")
     expect_raises("should_flush_tail(3, -1, 4)", lambda: impl.should_flush_tail(3, -1, 4), ValueError, "start_step")
 
@@ -163,24 +178,29 @@ LOSS_RTOL, NORM_RTOL, PARAM_ATOL, STATE_RTOL = 1e-5, 1e-4, 2e-6, 1e-4
 
 def compare_runs(scenario: LoopScenario, actual, expected) -> None:
     where = f"[{scenario.name}]"
-    keys = ("step", "lr", "loss", "aux_loss", "optimizer_step", "grad_norm")
+    keys = ("step", "lr", "loss", "aux_loss", "update_closed", "overflow_skipped", "grad_norm")
     for i, record in enumerate(actual.records):
         missing = [k for k in keys if k not in record]
         if missing:
             fail(f"{where} record {i} lacks keys", sorted(record), f"at least {list(keys)}")
     expect_equal(f"{where} micro-steps seen (epoch, step)", [(r["epoch"], r["step"]) for r in actual.records],
                  [(r["epoch"], r["step"]) for r in expected.records])
-    expect_equal(f"{where} micro-steps where the optimizer stepped (epoch, step)",
-                 [(r["epoch"], r["step"]) for r in actual.records if r["optimizer_step"]],
-                 [(r["epoch"], r["step"]) for r in expected.records if r["optimizer_step"]])
+    for key, meaning in (("update_closed", "closed an accumulation window (optimizer asked to step)"),
+                         ("overflow_skipped", "the GradScaler skipped optimizer.step (inf/NaN gradients)")):
+        expect_equal(f"{where} micro-steps that {meaning} (epoch, step)",
+                     [(r["epoch"], r["step"]) for r in actual.records if r[key]],
+                     [(r["epoch"], r["step"]) for r in expected.records if r[key]])
+    k = scenario.accumulation_steps
     for got, want in zip(actual.records, expected.records):
         at = f"{where} epoch {want['epoch']} step {want['step']}"
         expect_close(f"{at}: lr", got["lr"], want["lr"], rtol=LR_RTOL)
-        expect_close(f"{at}: loss (unscaled, aux included)", _float(got["loss"]), want["loss"],
-                     rtol=LOSS_RTOL, atol=1e-6)
+        with hint(loss_hint(_float(got["loss"]), want["loss"], k)):
+            expect_close(f"{at}: loss (unscaled, aux included)", _float(got["loss"]), want["loss"],
+                         rtol=LOSS_RTOL, atol=1e-6)
         expect_close(f"{at}: aux_loss", _float(got["aux_loss"]), want["aux_loss"], rtol=LOSS_RTOL, atol=1e-8)
-        expect_close(f"{at}: grad_norm before clipping", _float(got["grad_norm"]), want["grad_norm"],
-                     rtol=NORM_RTOL)
+        with hint(norm_hint(_float(got["grad_norm"]), want["grad_norm"], k)):
+            expect_close(f"{at}: grad_norm before clipping", _float(got["grad_norm"]), want["grad_norm"],
+                         rtol=NORM_RTOL)
     if expected.scale is not None:
         expect_equal(f"{where} GradScaler scale after the run", actual.scale, expected.scale)
     expect_tensors_close(f"{where} parameters after training", actual.params, expected.params,
@@ -201,6 +221,44 @@ def _float(value):
     return float(value) if value is not None else None
 
 
+def _ratio(actual, expected, k: int):
+    """actual / expected where a ratio can point at a cause (K > 1, both finite and non-zero), else None."""
+    if k == 1 or actual is None or expected is None or not expected or not math.isfinite(actual * expected):
+        return None
+    return actual / expected
+
+
+def loss_hint(actual, expected, k: int) -> str:
+    ratio = _ratio(actual, expected, k)
+    if ratio is not None and abs(ratio * k - 1) < 0.01:
+        return f"loss = expected / K (K={k}): record the unscaled loss, before scale_loss_for_accumulation"
+    return ""
+
+
+def norm_hint(actual, expected, k: int) -> str:
+    """K micro-batch gradients summed are K to sqrt(K) times one of them (aligned to random directions)."""
+    ratio = _ratio(actual, expected, k)
+    if ratio is None:
+        return ""
+    if abs(ratio / k - 1) < 0.01:
+        return f"norm = K x expected (K={k}): is the loss divided by K (scale_loss_for_accumulation) before backward?"
+    if 0.5 / k <= ratio <= 1.25 / math.sqrt(k):
+        return (f"norm between 1/K and 1/sqrt(K) of expected (K={k}): are gradients zeroed every micro-step, "
+                "so only the last micro-batch's gradient is left?")
+    return ""
+
+
+@contextlib.contextmanager
+def hint(text: str):
+    """Append ``hint: text`` to a failure raised inside the block (when there is a hint)."""
+    try:
+        yield
+    except CheckFailure as exc:
+        if not text:
+            raise
+        raise CheckFailure(f"{exc}\n  hint: {text}") from None
+
+
 @functools.lru_cache(maxsize=4)
 def impl_run(train_one_epoch, scenario: LoopScenario):
     """``run_impl``, shared by the checks of one grading run (the tail check and the base scenario)."""
@@ -214,16 +272,68 @@ def _check_scenarios(impl, scenarios) -> None:
 
 @check("train_one_epoch")
 def train_one_epoch_marks_the_tail_flush(impl):
-    """With 6 micro-batches and K=4 the last record of an epoch is the tail flush: it steps and reports a norm."""
+    """With 6 micro-batches and K=4 the last record of an epoch is the tail flush: it closes an update
+    and reports a norm; grad_norm is None wherever no update closed."""
     records = [r for r in impl_run(impl.train_one_epoch, LOOP_BASE).records if r.get("epoch") == 0]
     last = records[-1]
-    if not (last["optimizer_step"] and last.get("grad_norm") is not None):
+    if not (last.get("update_closed") and last.get("tail_flush") and last.get("grad_norm") is not None):
         fail("last record of an epoch ending mid-window (6 micro-steps, K=4)",
-             {k: last.get(k) for k in ("step", "optimizer_step", "grad_norm")},
-             {"step": 6, "optimizer_step": True, "grad_norm": "a float (pre-clip norm)"})
-    if not all(r.get("grad_norm") is None for r in records if not r["optimizer_step"]):
-        fail("grad_norm on micro-steps without an optimizer step",
-             [r.get("grad_norm") for r in records], "None wherever optimizer_step is False")
+             {k: last.get(k) for k in ("step", "update_closed", "tail_flush", "grad_norm")},
+             {"step": 6, "update_closed": True, "tail_flush": True, "grad_norm": "a float (pre-clip norm)"})
+    if not all(r.get("grad_norm") is None for r in records if not r.get("update_closed")):
+        fail("grad_norm on micro-steps without an update",
+             [r.get("grad_norm") for r in records], "None wherever update_closed is False")
+
+
+@check("train_one_epoch")
+def train_one_epoch_returns_nothing_for_an_empty_epoch(impl):
+    """A resume at start_step == iters (6 micro-batches, K=4: the tail was flushed before the save) runs no
+    micro-step: it returns [] and changes nothing."""
+    objects = training_objects(LOOP_BASE)
+    before = {n: p.detach().clone() for n, p in objects.model.named_parameters()}
+    try:
+        records = impl.train_one_epoch(objects.model, [], objects.optimizer, device="cpu", epoch=0, epochs=2,
+                                       iters=6, base_lr=5e-4, accumulation_steps=4, grad_clip=1.0, start_step=6)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail("train_one_epoch(loader=[], iters=6, start_step=6, K=4)", f"{type(exc).__name__}: {exc}", [],
+             "hint: nothing ran, so there is nothing to stack, flush or record: return [] early")
+    expect_equal("train_one_epoch(loader=[], iters=6, start_step=6, K=4)", records, [])
+    expect_tensors_close("parameters after an empty epoch",
+                         {n: p.detach() for n, p in objects.model.named_parameters()}, before, rtol=0.0, atol=0.0)
+
+
+@check("train_one_epoch")
+def train_one_epoch_sets_lr_in_every_param_group(impl):
+    """With two param groups (e.g. decay / no decay) every group gets the schedule's lr at every micro-step."""
+    scenario = LOOP_BASE.with_(name="dense, 1 epoch, two param groups", epochs=1)
+    objects = training_objects(scenario)
+    params = list(objects.model.parameters())
+    optimizer = eager(torch.optim.AdamW)([{"params": params[::2]}, {"params": params[1::2]}], lr=scenario.base_lr)
+    seen = []
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
+    impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), optimizer, device="cpu", epoch=0, epochs=1,
+                         iters=scenario.iters, base_lr=scenario.base_lr, accumulation_steps=4, grad_clip=1.0)
+    expect_equal("lr of (group 0, group 1) at each optimizer.step (micro-steps 4 and 6 of 6, K=4)", seen,
+                 [[get_lr(step, 6, scenario.base_lr)] * 2 for step in (4, 6)])
+
+
+@check("train_one_epoch", hidden=True)
+def train_one_epoch_scaler_none_is_disabled(impl):
+    """scaler=None means a disabled GradScaler: an inf gradient is not skipped (the update runs, the weights it
+    reaches become non-finite) and no record says overflow_skipped."""
+    scenario = LOOP_BASE.with_(name="dense, 1 epoch, scaler=None, inf gradient in micro-step 6", epochs=1,
+                               overflow_at_backward=6)
+    objects = training_objects(scenario)
+    records = impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu",
+                                   epoch=0, epochs=1, iters=scenario.iters, base_lr=scenario.base_lr,
+                                   accumulation_steps=4, grad_clip=1.0)
+    expect_equal("micro-steps with overflow_skipped=True under scaler=None",
+                 [r["step"] for r in records if r.get("overflow_skipped")], [])
+    weight = objects.model.model.norm.weight
+    expect_equal("model.norm.weight all finite after the inf gradient's update under scaler=None",
+                 bool(torch.isfinite(weight).all()), False)
 
 
 @check("train_one_epoch")
@@ -245,7 +355,8 @@ def train_one_epoch_rejects_bad_arguments(impl):
     objects = training_objects(LOOP_BASE)
     good = dict(device="cpu", epoch=0, epochs=1, iters=6, base_lr=5e-4, accumulation_steps=4, grad_clip=1.0)
     bad = [(dict(accumulation_steps=0), "accumulation_steps"), (dict(iters=0), "iters"),
-           (dict(epochs=0), "epochs"), (dict(epoch=1), "epoch"), (dict(start_step=7), "start_step")]
+           (dict(epochs=0), "epochs"), (dict(epoch=1), "epoch"), (dict(epoch=-1), "epoch"),
+           (dict(start_step=7), "start_step"), (dict(start_step=-1), "start_step")]
     for changes, argument in bad:
         expect_raises(f"train_one_epoch(..., {', '.join(f'{k}={v}' for k, v in changes.items())})",
                       lambda: impl.train_one_epoch(objects.model, epoch_batches(LOOP_BASE, 0), objects.optimizer,
@@ -288,6 +399,56 @@ LESSON.mistake("zero_grad_every_micro_step", "clears gradients before each backw
                "        scaler.scale(scaled_loss).backward()\n",
                "        optimizer.zero_grad(set_to_none=True)\n        scaler.scale(scaled_loss).backward()\n",
                train_one_epoch_matches_oracle_fp32)
+
+LESSON.mistake("flush_ignores_start_step", "flushes whenever last_step % K != 0, also after a resume that ran nothing",
+               "return last_step > start_step and last_step % accumulation_steps != 0",
+               "return last_step % accumulation_steps != 0", should_flush_only_a_partial_window)
+LESSON.mistake("flush_counts_windows_from_start_step", "(last - start) % K: windows restart at the resume point",
+               "return last_step > start_step and last_step % accumulation_steps != 0",
+               "return last_step > start_step and (last_step - start_step) % accumulation_steps != 0",
+               should_flush_only_a_partial_window)
+LESSON.mistake("loss_loses_graph", "rebuilds the scaled loss from .item(): no gradient reaches the model",
+               "return loss / accumulation_steps",
+               "return torch.tensor(loss.item() / accumulation_steps, requires_grad=True)", scale_loss_divides_by_k)
+LESSON.mistake("step_accepts_negative_k", "should_step_optimizer refuses K == 0 only",
+               "    if accumulation_steps <= 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
+               "{accumulation_steps}\")\n    if step <= 0:",
+               "    if accumulation_steps == 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
+               "{accumulation_steps}\")\n    if step <= 0:", should_step_rejects_bad_arguments)
+LESSON.mistake("step_accepts_negative_step", "should_step_optimizer refuses step == 0 only",
+               "if step <= 0:", "if step == 0:", should_step_rejects_bad_arguments)
+LESSON.mistake("flush_accepts_negative_k", "should_flush_tail refuses K == 0 only",
+               "    if accumulation_steps <= 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
+               "{accumulation_steps}\")\n    if start_step < 0:",
+               "    if accumulation_steps == 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
+               "{accumulation_steps}\")\n    if start_step < 0:", should_flush_rejects_bad_arguments)
+LESSON.mistake("accepts_negative_epoch", "train_one_epoch checks epoch < epochs only",
+               "if not 0 <= epoch < epochs:", "if epoch >= epochs:", train_one_epoch_rejects_bad_arguments)
+LESSON.mistake("accepts_negative_start_step", "train_one_epoch checks start_step <= iters only",
+               "if not 0 <= start_step <= iters:", "if start_step > iters:", train_one_epoch_rejects_bad_arguments)
+LESSON.mistake("empty_epoch_crashes", "stacks the losses of an epoch that ran nothing: torch.stack([]) raises",
+               "    if not steps:\n        return []\n", "", train_one_epoch_returns_nothing_for_an_empty_epoch)
+LESSON.mistake("lr_in_first_group_only", "writes the lr into param_groups[0] only: other groups keep a stale lr",
+               '        for group in optimizer.param_groups:\n            group["lr"] = lr\n',
+               '        optimizer.param_groups[0]["lr"] = lr\n', train_one_epoch_sets_lr_in_every_param_group)
+LESSON.mistake("scaler_none_enabled", "scaler=None builds an enabled GradScaler: fp32 runs skip overflowed updates",
+               "scaler = torch.amp.GradScaler(torch.device(device).type, enabled=False)",
+               "scaler = torch.amp.GradScaler(torch.device(device).type, enabled=True)",
+               train_one_epoch_scaler_none_is_disabled)
+LESSON.mistake("overflow_never_reported", "records overflow_skipped=False even when the GradScaler skipped the step",
+               '"overflow_skipped": s in skipped_steps,', '"overflow_skipped": False,',
+               train_one_epoch_matches_oracle_amp)
+LESSON.mistake("skipped_update_not_closed", "update_closed only where parameters changed: a skipped window looks open",
+               '"update_closed": s in norm_values,', '"update_closed": s in norm_values and s not in skipped_steps,',
+               train_one_epoch_matches_oracle_amp)
+LESSON.mistake("records_scaled_loss", "records loss / K instead of the micro-batch's loss",
+               "losses.append(loss.detach())", "losses.append(scaled_loss.detach())",
+               train_one_epoch_matches_oracle_fp32)
+LESSON.mistake("tail_flush_not_marked", "the tail flush runs but no record says tail_flush",
+               '"tail_flush": s == tail_step}', '"tail_flush": False}', train_one_epoch_marks_the_tail_flush)
+LESSON.mistake("grad_norm_zero_without_update", "grad_norm 0.0 instead of None on micro-steps without an update",
+               '"grad_norm": norm_values.get(s),', '"grad_norm": norm_values.get(s, 0.0),',
+               train_one_epoch_marks_the_tail_flush)
 
 LESSON.equivalent("multiply_by_reciprocal", "loss * (1 / K) instead of loss / K",
                   "return loss / accumulation_steps", "return loss * (1.0 / accumulation_steps)")

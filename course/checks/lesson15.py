@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import os
 import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
@@ -42,6 +46,63 @@ check = LESSON.check
 
 class NotATensor:
     """Stands for any pickled object: ``weights_only=True`` must refuse to rebuild it."""
+
+
+# The keys every resume checkpoint holds (the stub's docstring lists them).
+CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size")
+
+
+def expect_raises_naming(what: str, fn, exc_type, names) -> None:
+    """``fn()`` raises ``exc_type`` whose message contains every item of ``names``; an item that is a
+    tuple is satisfied by any one of its strings (e.g. any parameter name)."""
+    def wanted(options):
+        shown = " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
+                                                              if len(options) > 3 else "")
+        return f"{exc_type.__name__} naming {shown}"
+    try:
+        fn()
+    except NotImplementedError:
+        raise
+    except exc_type as exc:
+        for name in names:
+            options = name if isinstance(name, tuple) else (name,)
+            if not any(option in str(exc) for option in options):
+                fail(f"{what}: the error message should name the path and the offending key", str(exc),
+                     wanted(options))
+        return
+    except Exception as exc:  # wrong type of error
+        fail(what, f"{type(exc).__name__}: {exc}", wanted(tuple(str(n) for n in names)))
+    fail(what, "no exception", wanted(tuple(str(n) for n in names)))
+
+
+def _fake_ddp(model):
+    """A DistributedDataParallel wrapper without a process group: the same type and ``module.`` keys."""
+    wrapper = DistributedDataParallel.__new__(DistributedDataParallel)
+    torch.nn.Module.__init__(wrapper)
+    wrapper.module = model
+    return wrapper
+
+
+class CompiledWrapper(torch.nn.Module):
+    """What torch.compile returns, for saving purposes: the model as ``_orig_mod`` (keys ``_orig_mod.``)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._orig_mod = model
+
+
+@contextlib.contextmanager
+def fake_rank(rank: int, world_size: int):
+    """torch.distributed answers as rank ``rank`` of an initialized group of ``world_size``."""
+    saved = {name: getattr(dist, name) for name in ("is_initialized", "get_rank", "get_world_size")}
+    dist.is_initialized = lambda: True
+    dist.get_rank = lambda group=None: rank
+    dist.get_world_size = lambda group=None: world_size
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(dist, name, value)
 
 
 # --- comparing a resumed run with the uninterrupted one ----------------------------------------
@@ -189,16 +250,101 @@ def save_checkpoint_is_atomic(impl):
 
 @check("save_checkpoint", hidden=True)
 def save_checkpoint_refuses_pending_gradients(impl):
-    """Mid-accumulation (gradients accumulated, no optimizer step yet) a save raises ValueError."""
+    """Zero gradients (zero_grad(set_to_none=False)) are not pending: the save works. Mid-accumulation
+    (non-zero gradients, no optimizer step yet) a save raises ValueError naming 'accumulation', writing nothing."""
     objects, _ = train_until(RESUME_BASE, 0, 2)
     model = objects.model
     input_ids, labels = full_epoch_batches(RESUME_BASE, 0)[2]
-    model(input_ids, labels=labels).loss.backward()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
+        model(input_ids, labels=labels).loss.backward()
+        objects.optimizer.zero_grad(set_to_none=False)
+        try:
+            save_objects(impl, path, objects, 0, 2)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            fail("save_checkpoint after optimizer.zero_grad(set_to_none=False) (all gradients are zero tensors)",
+                 f"{type(exc).__name__}: {exc}", "the checkpoint is written",
+                 "hint: a zero gradient is not a pending one: test for non-zero values, not for `grad is not None`")
+        path.unlink()
+        model(input_ids, labels=labels).loss.backward()
         expect_raises("save_checkpoint with pending gradients (micro-step 3 of a K=2 window)",
                       lambda: save_objects(impl, path, objects, 0, 3), ValueError, "accumulation")
         expect_equal("files written by the refused save", sorted(p.name for p in Path(tmp).iterdir()), [])
+
+
+@check("save_checkpoint", hidden=True)
+def save_checkpoint_writes_next_to_the_target(impl):
+    """The parent directory is created; the temporary file lies in the target's directory (os.replace is a
+    rename only there) and is fsync'd before os.replace puts it onto the target."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    calls = []
+    real_replace, real_fsync = os.replace, os.fsync
+
+    def spy_replace(src, dst, *args, **kwargs):
+        calls.append(("replace", Path(src), Path(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def spy_fsync(fd):
+        calls.append(("fsync",))
+        return real_fsync(fd)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "new" / "run" / "resume.pth"
+        os.replace, os.fsync = spy_replace, spy_fsync
+        try:
+            save_objects(impl, path, objects, 0, 2)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            fail(f"save_checkpoint into {path.parent}, which does not exist yet", f"{type(exc).__name__}: {exc}",
+                 "the directory is created and the checkpoint written")
+        finally:
+            os.replace, os.fsync = real_replace, real_fsync
+        replaces = [(i, call[1]) for i, call in enumerate(calls) if call[0] == "replace" and call[2] == path]
+        if len(replaces) != 1:
+            fail("os.replace(temporary file, path) calls during the save", len(replaces), 1)
+        index, source = replaces[0]
+        expect_equal("directory of the temporary file that os.replace moves onto the checkpoint",
+                     str(source.parent.resolve()), str(path.parent.resolve()))
+        expect_equal("os.fsync calls before os.replace", min(1, sum(call[0] == "fsync" for call in calls[:index])), 1)
+
+
+@check("save_checkpoint")
+def save_checkpoint_unwraps_ddp_and_compile(impl):
+    """A model wrapped by DistributedDataParallel (keys 'module.'), torch.compile ('_orig_mod.') or both is
+    saved as the model itself: the same keys as model.state_dict(), and its config."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    model = objects.model
+    wrapped = {"DDP": _fake_ddp(model), "torch.compile": CompiledWrapper(model),
+               "torch.compile of DDP": CompiledWrapper(_fake_ddp(model))}
+    with tempfile.TemporaryDirectory() as tmp:
+        for how, wrapper in wrapped.items():
+            path = Path(tmp) / "resume.pth"
+            impl.save_checkpoint(path, model=wrapper, optimizer=objects.optimizer, scaler=objects.scaler, epoch=0,
+                                 step=2)
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            expect_equal(f"model keys saved from a {how} wrapper (first 3 of {len(saved['model'])})",
+                         sorted(saved["model"])[:3], sorted(model.state_dict())[:3])
+            expect_equal(f"all model keys saved from a {how} wrapper", sorted(saved["model"]),
+                         sorted(model.state_dict()))
+            expect_equal(f"model_config saved from a {how} wrapper", saved.get("model_config"),
+                         dataclasses.asdict(model.config))
+
+
+@check("save_checkpoint", hidden=True)
+def save_checkpoint_writes_on_rank_0_only(impl):
+    """Under torch.distributed only rank 0 writes (every rank holds the same state); it records world_size."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "resume.pth"
+        with fake_rank(1, 2):
+            save_objects(impl, path, objects, 0, 2)
+        expect_equal("files written by rank 1 of 2", sorted(p.name for p in Path(tmp).iterdir()), [])
+        with fake_rank(0, 2):
+            save_objects(impl, path, objects, 0, 2)
+        expect_equal("files written by rank 0 of 2", sorted(p.name for p in Path(tmp).iterdir()), ["resume.pth"])
+        expect_equal("world_size saved by rank 0 of 2", torch.load(path, weights_only=True)["world_size"], 2)
 
 
 @check("save_checkpoint", hidden=True)
@@ -251,12 +397,11 @@ def expect_untouched(what: str, before, objects) -> None:
 
 
 def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
-    """Loading ``path`` raises ``exc_type`` naming every item of ``mentions``; nothing changes."""
+    """Loading ``path`` raises ``exc_type`` naming every item of ``mentions`` (a tuple: any of it); nothing changes."""
     before = snapshot(objects)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
-    for mention in mentions:
-        expect_raises(what, lambda: impl.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler),
-                      exc_type, mention)
+    expect_raises_naming(what, lambda: impl.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler),
+                         exc_type, mentions)
     expect_untouched(what, before, objects)
 
 
@@ -277,14 +422,16 @@ def load_checkpoint_rejects_unreadable_files(impl):
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rejects_foreign_checkpoints(impl):
-    """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError."""
+    """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError
+    naming the path and the offending key (a missing key, the parameter, a config field, 'optimizer')."""
     with good_checkpoint(impl) as (objects, target, tmp, good):
         saved = torch.load(good, weights_only=True)
+        parameter_names = tuple(objects.model.state_dict())
 
         weights_only_file = Path(tmp) / "weights.pth"
         torch.save(objects.model.state_dict(), weights_only_file)
         expect_refused(impl, "load_checkpoint of a plain weights file", weights_only_file, target, ValueError,
-                       [str(weights_only_file), "optimizer"])
+                       [str(weights_only_file), CHECKPOINT_KEYS])
 
         wrong_shape = Path(tmp) / "wrong_shape.pth"
         name = "model.layers.0.self_attn.q_proj.weight"
@@ -293,12 +440,16 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
         expect_refused(impl, f"load_checkpoint with {name} of shape (32, 64)", wrong_shape, target, ValueError,
                        [str(wrong_shape), name])
 
+        config = dataclasses.asdict(objects.model.config)
         for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3), RESUME_BASE.with_(hidden_size=32)):
             other_file = Path(tmp) / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth"
-            save_objects(impl, other_file, train_until(other, 0, 2)[0], 0, 2)
+            other_objects = train_until(other, 0, 2)[0]
+            save_objects(impl, other_file, other_objects, 0, 2)
+            other_config = dataclasses.asdict(other_objects.model.config)
+            differing = tuple(k for k in config if other_config.get(k) != config[k])
             expect_refused(impl, f"load_checkpoint of a checkpoint from hidden_size={other.hidden_size}, "
                                  f"layers={other.num_hidden_layers}, use_moe={other.use_moe}",
-                           other_file, target, ValueError, [str(other_file)])
+                           other_file, target, ValueError, [str(other_file), differing + parameter_names])
 
         upstream_dir = Path(tmp) / "upstream"
         model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
@@ -306,12 +457,34 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
                       scaler=scaler)
         upstream_file = upstream_dir / f"pretrain_{RESUME_BASE.hidden_size}_resume.pth"
         expect_refused(impl, "load_checkpoint of upstream's resume file (fp16 weights)", upstream_file, target,
-                       ValueError, [str(upstream_file), "float16"])
+                       ValueError, [str(upstream_file), ("float16",) + parameter_names])
 
         other_optimizer = Path(tmp) / "other_optimizer.pth"
         torch.save(dict(saved, optimizer=torch.optim.SGD(objects.model.parameters()).state_dict()), other_optimizer)
         expect_refused(impl, "load_checkpoint with an SGD state for an AdamW optimizer", other_optimizer, target,
-                       ValueError, [str(other_optimizer)])
+                       ValueError, [str(other_optimizer), "optimizer"])
+
+
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
+    """A checkpoint whose model_config differs only where no shape shows it (rope_theta): ValueError naming
+    the path and 'rope_theta', nothing loaded."""
+    with good_checkpoint(impl) as (_, target, tmp, good):
+        saved = torch.load(good, weights_only=True)
+        other_rope = Path(tmp) / "other_rope_theta.pth"
+        torch.save(dict(saved, model_config=dict(saved["model_config"], rope_theta=1e4)), other_rope)
+        expect_refused(impl, "load_checkpoint of a checkpoint with rope_theta=1e4 into a model with rope_theta=1e6",
+                       other_rope, target, ValueError, [str(other_rope), "rope_theta"])
+
+
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+def load_checkpoint_rejects_a_disabled_scaler_state(impl):
+    """A disabled GradScaler's (empty) state into an enabled scaler: ValueError naming the path and 'scaler'
+    BEFORE the model or optimizer change (torch itself raises only inside scaler.load_state_dict)."""
+    with good_checkpoint(impl) as (_, _, tmp, good):
+        enabled = training_objects(RESUME_BASE.with_(scaler_enabled=True))
+        expect_refused(impl, "load_checkpoint of a run without a GradScaler into an enabled GradScaler", good,
+                       enabled, ValueError, [str(good), "scaler"])
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
@@ -392,6 +565,34 @@ LESSON.mistake("no_world_size_rescale", "keeps the saved step after a world-size
 LESSON.mistake("resumes_one_step_late", "start_step = step + 1: the micro-batch after the checkpoint is skipped",
                "return (epoch + 1, 0) if step == iters else (epoch, step)",
                "return (epoch + 1, 0) if step == iters else (epoch, step + 1)", resume_position_cases)
+
+LESSON.mistake("zero_grads_count_as_pending", "refuses any gradient tensor, also the zeros of zero_grad(set_to_none=False)",
+               "    if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):\n",
+               "    if any(p.grad is not None for p in model.parameters()):\n", save_checkpoint_refuses_pending_gradients)
+LESSON.mistake("temp_file_in_system_tmp", "the temporary file goes to the system temp dir: os.replace is no longer a "
+               "rename within one directory (and fails across file systems)",
+               'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
+               'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp")',
+               save_checkpoint_writes_next_to_the_target)
+LESSON.mistake("no_fsync", "os.replace of a file whose bytes may still sit in the page cache: a power cut can "
+               "leave an empty checkpoint", "            os.fsync(handle.fileno())\n", "",
+               save_checkpoint_writes_next_to_the_target)
+LESSON.mistake("no_parent_directory", "writes into out_dir without creating it: FileNotFoundError on a first run",
+               "    path.parent.mkdir(parents=True, exist_ok=True)\n", "", save_checkpoint_writes_next_to_the_target)
+LESSON.mistake("keeps_wrapper_prefixes", "saves the wrapper's state_dict: keys 'module.' / '_orig_mod.' fit no "
+               "plain model", "    model = _unwrapped(model)\n", "", save_checkpoint_unwraps_ddp_and_compile)
+LESSON.mistake("unwraps_ddp_only", "strips DDP's 'module.' but keeps torch.compile's '_orig_mod.'",
+               'while isinstance(model, DistributedDataParallel) or hasattr(model, "_orig_mod"):',
+               "while isinstance(model, DistributedDataParallel):", save_checkpoint_unwraps_ddp_and_compile)
+LESSON.mistake("every_rank_writes", "every rank writes the same file at once",
+               "    if dist.is_initialized() and dist.get_rank() != 0:\n", "    if False:\n",
+               save_checkpoint_writes_on_rank_0_only)
+LESSON.mistake("config_compared_by_shapes_only", "accepts another model config when the shapes fit (rope_theta)",
+               "    if saved_config is not None and config is not None and saved_config != config:\n",
+               "    if False:\n", load_checkpoint_rejects_another_config_with_the_same_shapes)
+LESSON.mistake("loads_a_disabled_scaler_state", "accepts a disabled scaler's empty state for an enabled scaler",
+               "    if scaler is not None and scaler.is_enabled() and not scaler_state:\n", "    if False:\n",
+               load_checkpoint_rejects_a_disabled_scaler_state)
 
 LESSON.equivalent("ceil_by_negation", "-(-N // bs) instead of (N + bs - 1) // bs in __len__",
                   "(len(self.indices) + self.batch_size - 1) // self.batch_size - self.skip_batches",

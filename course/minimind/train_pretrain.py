@@ -36,6 +36,14 @@ def optimizer_update(model, optimizer, scaler, grad_clip):
     return grad_norm
 
 
+def traced_update(model, optimizer, scaler, grad_clip):
+    """``optimizer_update`` plus what the trace records: (pre-clip norm, whether the GradScaler skipped
+    ``optimizer.step`` for inf/NaN). Upstream never asks; ``update()`` backs the scale off exactly then."""
+    scale_before = scaler.get_scale() if scaler.is_enabled() else None
+    grad_norm = optimizer_update(model, optimizer, scaler, grad_clip)
+    return grad_norm, scale_before is not None and scaler.get_scale() < scale_before
+
+
 def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler, autocast_ctx,
                 args, save_checkpoint=None, trace=None):
     start_time = time.time()
@@ -55,13 +63,16 @@ def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler,
 
         scaler.scale(loss).backward()
 
-        grad_norm = None
+        grad_norm, skipped = None, False
         if step % args.accumulation_steps == 0:
-            grad_norm = optimizer_update(model, optimizer, scaler, args.grad_clip)
+            if trace is None:
+                grad_norm = optimizer_update(model, optimizer, scaler, args.grad_clip)
+            else:
+                grad_norm, skipped = traced_update(model, optimizer, scaler, args.grad_clip)
         if trace is not None:
             trace.append({"step": step, "lr": lr, "loss": res.loss.detach() + res.aux_loss.detach(),
-                          "aux_loss": res.aux_loss.detach(), "optimizer_step": grad_norm is not None,
-                          "grad_norm": grad_norm, "tail_flush": False})
+                          "aux_loss": res.aux_loss.detach(), "update_closed": grad_norm is not None,
+                          "overflow_skipped": skipped, "grad_norm": grad_norm, "tail_flush": False})
 
         if step % args.log_interval == 0 or step == iters:
             spend_time = time.time() - start_time
@@ -79,9 +90,11 @@ def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler,
             save_checkpoint(epoch, step)
 
     if last_step > start_step and last_step % args.accumulation_steps != 0:
-        grad_norm = optimizer_update(model, optimizer, scaler, args.grad_clip)
-        if trace is not None:
-            trace[-1].update(optimizer_step=True, grad_norm=grad_norm, tail_flush=True)
+        if trace is None:
+            optimizer_update(model, optimizer, scaler, args.grad_clip)
+        else:
+            grad_norm, skipped = traced_update(model, optimizer, scaler, args.grad_clip)
+            trace[-1].update(update_closed=True, overflow_skipped=skipped, grad_norm=grad_norm, tail_flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Sampler
 
 REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size")
@@ -59,19 +60,30 @@ def _world_size(world_size):
     return world_size
 
 
+def _unwrapped(model):
+    """The model itself under its wrappers: DDP keeps it in ``.module``, torch.compile in ``._orig_mod``
+    (either may wrap the other), so the saved keys carry no ``module.`` / ``_orig_mod.`` prefix."""
+    while isinstance(model, DistributedDataParallel) or hasattr(model, "_orig_mod"):
+        model = model.module if isinstance(model, DistributedDataParallel) else model._orig_mod
+    return model
+
+
 def _model_config(model):
     config = getattr(model, "config", None)
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None
 
 
 def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> None:
-    """Write a resume checkpoint atomically: a temporary file in the same directory, then ``os.replace``.
+    """Write a resume checkpoint atomically: a temporary file in the same directory, fsync'd, then
+    ``os.replace``; the parent directory is created. Under torch.distributed only rank 0 writes.
 
-    Holds the fp32 model state, optimizer and scaler state, ``epoch``/``step`` (micro-steps done in
-    ``epoch``), the world size and the model config, plus ``extra`` (objects with a ``state_dict`` are
-    stored by it, e.g. a training state carrying ``batch_size_semantics``).
+    Holds the fp32 state of the unwrapped model (no DDP/compile key prefixes), optimizer and scaler
+    state, ``epoch``/``step`` (micro-steps done in ``epoch``), the world size and the model config,
+    plus ``extra`` (objects with a ``state_dict`` are stored by it, e.g. a training state carrying
+    ``batch_size_semantics``).
     """
     path = Path(path)
+    model = _unwrapped(model)
     if not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
     if not isinstance(step, int) or step < 0:
@@ -84,6 +96,8 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
     overlap = sorted(set(extra) & {*REQUIRED_KEYS, "model_config"})
     if overlap:
         raise ValueError(f"extra keys {overlap} would overwrite the checkpoint's own entries")
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return  # every rank holds the same state; one writer, no race on the file
     checkpoint = {
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer": optimizer.state_dict(),
@@ -180,7 +194,8 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
         _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)
     scaler_state = checkpoint["scaler"]
     if scaler is not None and scaler.is_enabled() and not scaler_state:
-        raise _bad(path, "has no GradScaler state but the scaler is enabled (saved from a run without fp16)")
+        raise _bad(path, "scaler state is empty (saved from a disabled GradScaler, a run without fp16) but the "
+                         "scaler is enabled")
 
     model.load_state_dict(checkpoint["model"])
     if optimizer is not None:

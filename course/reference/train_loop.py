@@ -49,13 +49,15 @@ def should_flush_tail(last_step: int, start_step: int, accumulation_steps: int) 
 
 
 def _optimizer_update(model, optimizer, scaler, grad_clip):
-    """unscale -> clip -> step -> update -> zero_grad; returns the pre-clip gradient norm."""
+    """unscale -> clip -> step -> update -> zero_grad; returns the pre-clip gradient norm and whether
+    the GradScaler skipped ``optimizer.step`` (``update()`` backs the scale off exactly then)."""
+    scale_before = scaler.get_scale() if scaler.is_enabled() else None
     scaler.unscale_(optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return grad_norm, scale_before is not None and scaler.get_scale() < scale_before
 
 
 def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, base_lr,
@@ -64,7 +66,8 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     """One epoch of MiniMind's pretrain loop without logging, saving or DDP.
 
     Returns one record per micro-step: ``step``, ``lr``, ``loss`` (unscaled, aux included),
-    ``aux_loss``, ``optimizer_step``, ``grad_norm`` (pre-clip, or None) and ``tail_flush``.
+    ``aux_loss``, ``update_closed`` (the optimizer was asked to step), ``overflow_skipped`` (the
+    GradScaler found inf/NaN and skipped that step), ``grad_norm`` (pre-clip, or None) and ``tail_flush``.
     """
     if accumulation_steps <= 0:
         raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
@@ -81,7 +84,7 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     if autocast_ctx is None:
         autocast_ctx = nullcontext()
 
-    steps, lrs, losses, aux_losses, grad_norms = [], [], [], [], {}
+    steps, lrs, losses, aux_losses, grad_norms, skipped_steps = [], [], [], [], {}, set()
     last_step = start_step
     for step, (input_ids, labels) in enumerate(loader, start=start_step + 1):
         input_ids, labels = input_ids.to(device), labels.to(device)
@@ -95,7 +98,9 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
             scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)
         scaler.scale(scaled_loss).backward()
         if should_step_optimizer(step, accumulation_steps):
-            grad_norms[step] = _optimizer_update(model, optimizer, scaler, grad_clip)
+            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)
+            if skipped:
+                skipped_steps.add(step)
         steps.append(step)
         lrs.append(optimizer.param_groups[-1]["lr"])  # what the optimizer really holds, as upstream logs it
         losses.append(loss.detach())
@@ -104,7 +109,9 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     tail_step = None
     if should_flush_tail(last_step, start_step, accumulation_steps):
         tail_step = last_step
-        grad_norms[tail_step] = _optimizer_update(model, optimizer, scaler, grad_clip)
+        grad_norms[tail_step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)
+        if skipped:
+            skipped_steps.add(tail_step)
 
     if not steps:
         return []
@@ -114,6 +121,7 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     norm_values = dict(zip(grad_norms, torch.stack(list(grad_norms.values())).float().tolist())) \
         if grad_norms else {}
     return [{"step": s, "lr": lr, "loss": loss_v, "aux_loss": aux_v,
-             "optimizer_step": s in norm_values, "grad_norm": norm_values.get(s),
+             "update_closed": s in norm_values, "overflow_skipped": s in skipped_steps,
+             "grad_norm": norm_values.get(s),
              "tail_flush": s == tail_step}
             for s, lr, loss_v, aux_v in zip(steps, lrs, loss_values, aux_values)]

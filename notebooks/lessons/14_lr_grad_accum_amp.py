@@ -97,7 +97,7 @@ records = run_impl(train_one_epoch, schedule).records
 total = schedule.epochs * schedule.iters
 micro = [r["epoch"] * schedule.iters + r["step"] for r in records]
 lrs = [r["lr"] for r in records]
-window_ends = [(m, lr) for m, lr, r in zip(micro, lrs, records) if r["optimizer_step"] and not r["tail_flush"]]
+window_ends = [(m, lr) for m, lr, r in zip(micro, lrs, records) if r["update_closed"] and not r["tail_flush"]]
 tail_flushes = [(m, lr) for m, lr, r in zip(micro, lrs, records) if r["tail_flush"]]
 
 fig, ax = plt.subplots(figsize=(8, 4))
@@ -247,7 +247,7 @@ optimizer.register_step_pre_hook(record_norm_at_step)
 records = train_one_epoch(model, epoch_batches(clip_run, 0), optimizer, device="cpu", epoch=0, epochs=1,
                           iters=clip_run.iters, base_lr=clip_run.base_lr,
                           accumulation_steps=clip_run.accumulation_steps, grad_clip=clip_run.grad_clip)
-before = [r["grad_norm"] for r in records if r["optimizer_step"]]
+before = [r["grad_norm"] for r in records if r["update_closed"]]
 steps = range(1, len(before) + 1)
 
 fig, ax = plt.subplots(figsize=(8, 4))
