@@ -306,8 +306,8 @@ def train_one_epoch_returns_nothing_for_an_empty_epoch(impl):
 
 @check("train_one_epoch")
 def train_one_epoch_sets_lr_in_every_param_group(impl):
-    """With two param groups (e.g. decay / no decay) every group gets the schedule's lr at every micro-step."""
-    scenario = LOOP_BASE.with_(name="dense, 1 epoch, two param groups", epochs=1)
+    """With two param groups (e.g. decay / no decay) every group gets the schedule's lr."""
+    scenario = LOOP_BASE.with_(name="dense, 1 epoch of 4 micro-batches, two param groups", epochs=1, iters=4)
     objects = training_objects(scenario)
     params = list(objects.model.parameters())
     optimizer = eager(torch.optim.AdamW)([{"params": params[::2]}, {"params": params[1::2]}], lr=scenario.base_lr)
@@ -315,20 +315,20 @@ def train_one_epoch_sets_lr_in_every_param_group(impl):
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
     impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), optimizer, device="cpu", epoch=0, epochs=1,
                          iters=scenario.iters, base_lr=scenario.base_lr, accumulation_steps=4, grad_clip=1.0)
-    expect_equal("lr of (group 0, group 1) at each optimizer.step (micro-steps 4 and 6 of 6, K=4)", seen,
-                 [[get_lr(step, 6, scenario.base_lr)] * 2 for step in (4, 6)])
+    expect_equal("lr of (group 0, group 1) at optimizer.step (micro-step 4 of 4, K=4)", seen,
+                 [[get_lr(4, 4, scenario.base_lr)] * 2])
 
 
 @check("train_one_epoch", hidden=True)
 def train_one_epoch_scaler_none_is_disabled(impl):
     """scaler=None means a disabled GradScaler: an inf gradient is not skipped (the update runs, the weights it
     reaches become non-finite) and no record says overflow_skipped."""
-    scenario = LOOP_BASE.with_(name="dense, 1 epoch, scaler=None, inf gradient in micro-step 6", epochs=1,
-                               overflow_at_backward=6)
+    scenario = LOOP_BASE.with_(name="dense, 2 micro-batches, K=2, scaler=None, inf gradient in micro-step 2",
+                               epochs=1, iters=2, accumulation_steps=2, overflow_at_backward=2)
     objects = training_objects(scenario)
     records = impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu",
                                    epoch=0, epochs=1, iters=scenario.iters, base_lr=scenario.base_lr,
-                                   accumulation_steps=4, grad_clip=1.0)
+                                   accumulation_steps=scenario.accumulation_steps, grad_clip=1.0)
     expect_equal("micro-steps with overflow_skipped=True under scaler=None",
                  [r["step"] for r in records if r.get("overflow_skipped")], [])
     weight = objects.model.model.norm.weight
