@@ -126,8 +126,10 @@ def main(argv=None) -> int:
             setup_seed(42 + epoch)
             order = torch.randperm(len(dataset)).tolist()
             skip = start_step if epoch == start_epoch else 0
-            loader = (DataLoader(dataset, batch_sampler=ckpt.SkipBatchSampler(order, args.batch_size, skip))
-                      if ckpt else DataLoader(dataset, batch_size=args.batch_size, sampler=order))
+            pinned = torch.device(args.device).type == "cuda"  # lets the loop's non_blocking copies overlap
+            loader = (DataLoader(dataset, batch_sampler=ckpt.SkipBatchSampler(order, args.batch_size, skip),
+                                 pin_memory=pinned)
+                      if ckpt else DataLoader(dataset, batch_size=args.batch_size, sampler=order, pin_memory=pinned))
             bar = tqdm(desc=f"epoch {epoch + 1}/{args.epochs}", file=sys.stdout, initial=skip, total=iters)
             batches = counted(iter(loader), bar)
             stop_step = args.stop_after - epoch * iters if args.stop_after else 0

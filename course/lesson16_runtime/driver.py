@@ -84,12 +84,13 @@ def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_s
             records[step - first_step]["loss"] = loss
 
     first_step = run.global_step + 1
+    pinned = next(session.model.parameters()).is_cuda
     while run.epoch < epochs and not (max_steps and run.global_step >= max_steps):
         order = epoch_order(len(dataset), run.seed, run.epoch)
         while run.update_step_in_epoch < updates_per_epoch and not (max_steps and run.global_step >= max_steps):
             start = run.update_step_in_epoch * global_batch_size
             samples = [dataset[i] for i in order[start:start + global_batch_size]]
-            micro_batches = [collate(m, impl.count_loss_units)
+            micro_batches = [collate(m, impl.count_loss_units, pin_memory=pinned)
                              for m in impl.split_global_batch(samples, global_batch_size, accum_steps)]
             units = sum(b.loss_units for b in micro_batches)
             lr = get_lr(run.global_step + 1, run.total_steps, run.base_lr)

@@ -28,11 +28,14 @@ def shifted_target_count(labels: torch.Tensor) -> int:
     return int((labels[..., 1:] != IGNORE_INDEX).sum())
 
 
-def collate(samples, count_loss_units) -> TextBatch:
+def collate(samples, count_loss_units, pin_memory: bool = False) -> TextBatch:
     """Stack ``(input_ids, labels)`` samples; ``count_loss_units`` is the lesson's exercise function
-    (or ``shifted_target_count``)."""
+    (or ``shifted_target_count``). ``pin_memory`` (for a CUDA model) puts the batch in page-locked host
+    memory, so the step function's ``non_blocking`` copy runs asynchronously (lesson 14 §5.5)."""
     input_ids = torch.stack([x for x, _ in samples])
     labels = torch.stack([y for _, y in samples])
+    if pin_memory:
+        input_ids, labels = input_ids.pin_memory(), labels.pin_memory()
     return TextBatch(input_ids, labels, count_loss_units(labels))
 
 
@@ -43,8 +46,8 @@ def token_nll_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _to_model(model, batch: TextBatch):
-    device = next(model.parameters()).device
-    return batch.input_ids.to(device), batch.labels.to(device)
+    device = next(model.parameters()).device  # on the CPU .to returns the batch's own tensors
+    return batch.input_ids.to(device, non_blocking=True), batch.labels.to(device, non_blocking=True)
 
 
 def token_weighted_step(model, batch: TextBatch) -> TrainingStepOutput:

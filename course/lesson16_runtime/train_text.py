@@ -8,6 +8,7 @@ and resumes from it or from a legacy one (``batch_size`` = micro-batch, ``step``
 
     python -m course.lesson16_runtime.train_text --batch-size 8 --accum-steps 4 --epochs 1
     python -m course.lesson16_runtime.train_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
+    python -m course.lesson16_runtime.train_text --device cuda --dtype float16   # autocast + an enabled GradScaler
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from .driver import LossReadback, dataset_identity, run_text_training
 from .train_state import load_train_state, save_train_state
 from .types import TrainingRunState
 
+AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -36,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many UPDATES (0 = no limit)")
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--grad-clip", type=float, default=1.0)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="bfloat16 = CPU autocast (no GradScaler needed)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the model lives; the step functions move each batch there")
+    parser.add_argument("--dtype", choices=list(AUTOCAST_DTYPES), default="float32",
+                        help="bfloat16 / float16 = autocast on --device; float16 also enables a GradScaler")
     parser.add_argument("--hidden-size", type=int, default=TINY_HIDDEN_SIZE)
     parser.add_argument("--num-hidden-layers", type=int, default=TINY_NUM_HIDDEN_LAYERS)
     parser.add_argument("--max-seq-len", type=int, default=64)
@@ -60,12 +65,18 @@ def main(argv=None) -> list[dict]:
     if args.batch_size % args.accum_steps:
         parser.error(f"--batch-size ({args.batch_size}) is the GLOBAL batch and must be divisible by "
                      f"--accum-steps ({args.accum_steps})")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False on this machine; use --device cpu")
     torch.set_num_threads(min(2, torch.get_num_threads()))
     setup_seed(args.seed)
     model = MiniMindForCausalLM(MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers))
+    model.to(args.device)  # in place, before the optimizer is built from its parameters
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.dtype == "bfloat16" else nullcontext()
-    session = reference_impl.TrainingSession(model, optimizer, grad_accum_steps=args.accum_steps, autocast=autocast)
+    dtype = AUTOCAST_DTYPES[args.dtype]
+    autocast = nullcontext() if dtype is None else torch.autocast(args.device, dtype=dtype)
+    scaler = torch.amp.GradScaler(args.device, enabled=args.dtype == "float16")  # fp16 only, as upstream
+    session = reference_impl.TrainingSession(model, optimizer, grad_accum_steps=args.accum_steps, scaler=scaler,
+                                             autocast=autocast)
     dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
     identity = dataset_identity(dataset, Path(args.data_path).name)
     run = TrainingRunState(dataset_identity=identity, seed=args.seed, base_lr=args.learning_rate)
