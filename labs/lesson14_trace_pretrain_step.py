@@ -200,7 +200,7 @@ def trace(args, pieces: LoopPieces) -> None:
             scaler_text = (f" scale={scale_before}->{scale_after} found_inf={found_inf}"
                            if scaler.is_enabled() and grad_norm is not None else "")
             print(f"micro_step={step:>3} lr={lr:.8f} loss={loss.item():.4f} scaled_loss={scaled_loss.item():.4f} "
-                  f"optimizer_step={boundary or is_tail} ({kind}){norm_text}{scaler_text}")
+                  f"update_closed={boundary or is_tail} ({kind}){norm_text}{scaler_text}")
     if args.micro_steps == 1:
         print(f"grad_norm_before_clip={grad_norm.item():.6f}")
         print(f"max_first_param_delta_after_step={(first_param.detach() - before).abs().max().item():.6e}")
