@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
                              MiniMindForCausalLM, PretrainDataset, get_lr, setup_seed)
+from course.minimind.tokenizer import load_tokenizer
 
 
 def positive_int(text: str) -> int:
@@ -38,6 +39,8 @@ def parse_args(argv=None):
     parser.add_argument("--accumulation_steps", type=positive_int, default=1, help="K micro-steps per update")
     parser.add_argument("--micro_steps", type=positive_int, default=1, help="micro-steps to trace")
     parser.add_argument("--data_path", default=str(TINY_CORPUS))
+    parser.add_argument("--tokenizer_path", default=None,
+                        help="a tokenizer.json or its directory; default: the built-in byte tokenizer")
     args = parser.parse_args(argv)
     if args.max_length < 3:
         parser.error(f"--max_length must be >= 3 (bos + a token + eos), got {args.max_length}")
@@ -46,12 +49,13 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    tokenizer = load_tokenizer(args.tokenizer_path)
     setup_seed(42)
     config = MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
-                            use_moe=args.use_moe)
+                            use_moe=args.use_moe, vocab_size=tokenizer.vocab_size)
     model = MiniMindForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    dataset = PretrainDataset(args.data_path, max_length=args.max_length)
+    dataset = PretrainDataset(args.data_path, tokenizer, max_length=args.max_length)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False)
     iters = len(loader)
     total_steps = max(iters, args.micro_steps)  # the schedule's T: one epoch, or the traced steps
