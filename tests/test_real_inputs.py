@@ -23,6 +23,7 @@ from course.minimind import TINY_CORPUS, JsonlTexts, PretrainDataset, load_token
 from course.minimind import train_pretrain
 
 STAGE = load_module(REPO_ROOT / "impl" / "train_pretrain_impl.py", "test_real_inputs_stage")
+BENCH = load_module(REPO_ROOT / "labs" / "bench_lesson14_streaming.py", "test_real_inputs_bench")
 SPECIAL = {"pad_token": "<|endoftext|>", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 BPE_VOCAB = 512
 TINY_MODEL = ["--hidden_size", "48", "--num_hidden_layers", "2"]
@@ -193,19 +194,6 @@ def test_a_bad_line_raises_with_file_and_line(tmp_path, bad, message):
         PretrainDataset(path, max_length=16)
 
 
-def write_large_jsonl(path, target_bytes: int) -> int:
-    """Tiny-corpus texts, numbered, repeated to ``target_bytes``; returns the number of lines."""
-    texts = corpus_texts(TINY_CORPUS)
-    lines = written = 0
-    with path.open("w", encoding="utf-8") as handle:
-        while written < target_bytes:
-            line = json.dumps({"text": f"{lines}: {texts[lines % len(texts)]}"}, ensure_ascii=False) + "\n"
-            handle.write(line)
-            written += len(line.encode("utf-8"))
-            lines += 1
-    return lines
-
-
 def peak_python_bytes(action) -> int:
     tracemalloc.start()
     try:
@@ -222,7 +210,7 @@ def test_a_large_jsonl_is_indexed_and_read_in_bounded_memory(tmp_path):
     1 MiB for the line being parsed and a batch's texts. A reader that keeps every text exceeds it: the
     same measurement of ``read_jsonl_texts`` is the control that shows the bound can fail."""
     path = tmp_path / "large.jsonl"
-    lines = write_large_jsonl(path, 24 * 2**20)
+    lines = BENCH.write_large_jsonl(path, 24 * 2**20)
     size = path.stat().st_size
     bound = 32 * lines + 2**20
     order = torch.randperm(lines).tolist()  # the trainer's shuffle (~36 bytes a line), not the dataset's cost
@@ -244,7 +232,7 @@ def test_a_large_jsonl_is_indexed_and_read_in_bounded_memory(tmp_path):
 
 def test_streamed_and_in_memory_samples_agree_on_a_large_file(tmp_path):
     path = tmp_path / "large.jsonl"
-    write_large_jsonl(path, 2 * 2**20)
+    BENCH.write_large_jsonl(path, 2 * 2**20)
     texts = corpus_texts(path)
     streamed = JsonlTexts(path)
     expect_equal("lines", len(streamed), len(texts))
