@@ -24,7 +24,7 @@ from tqdm import tqdm
 from course.implementations import load_implementation
 from course.minimind import TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
 from course.minimind.train_pretrain import build_parser as oracle_parser
-from course.minimind.train_pretrain import build_training
+from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger, setup_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +101,13 @@ def main(argv=None) -> int:
     train_loop = load_implementation("train_loop.py", args.impl, args.impl_dir)
     checkpointing = args.resume is not None or args.save_interval > 0 or args.stop_after > 0
     ckpt = load_implementation("checkpoint.py", args.impl, args.impl_dir) if checkpointing else None
+    try:
+        tokenizer = build_tokenizer(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     model, optimizer, scaler, autocast_ctx = build_training(args)
-    dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
+    dataset = PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len)
     iters = math.ceil(len(dataset) / args.batch_size)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # for resume checkpoints too, whoever's save_checkpoint runs

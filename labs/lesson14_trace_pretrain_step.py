@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 from course.implementations import load_implementation
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
                              MiniMindForCausalLM, PretrainDataset, get_lr, setup_seed)
+from course.minimind.tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -112,6 +113,8 @@ def parse_args(argv=None):
     parser.add_argument("--accumulation_steps", type=positive_int, default=1, help="K micro-steps per update")
     parser.add_argument("--micro_steps", type=positive_int, default=1, help="micro-steps to trace")
     parser.add_argument("--data_path", default=str(TINY_CORPUS))
+    parser.add_argument("--tokenizer_path", default=None,
+                        help="a tokenizer.json or its directory; default: the built-in byte tokenizer")
     args = parser.parse_args(argv)
     if args.max_length < 3:
         parser.error(f"--max_length must be >= 3 (bos + a token + eos), got {args.max_length}")
@@ -132,12 +135,13 @@ def main(argv=None) -> None:
 
 
 def trace(args, pieces: LoopPieces) -> None:
+    tokenizer = load_tokenizer(args.tokenizer_path)
     setup_seed(42)
     config = MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
-                            use_moe=args.use_moe)
+                            use_moe=args.use_moe, vocab_size=tokenizer.vocab_size)
     model = MiniMindForCausalLM(config).to(args.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    dataset = PretrainDataset(args.data_path, max_length=args.max_length)
+    dataset = PretrainDataset(args.data_path, tokenizer, max_length=args.max_length)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False)
     iters = len(loader)
     total_steps = max(iters, args.micro_steps)  # the schedule's T: one epoch, or the traced steps

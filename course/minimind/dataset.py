@@ -2,11 +2,13 @@
 
 Each jsonl line is ``{"text": ...}``. A sample is ``[bos] + tokens[:max_length - 2] + [eos]``,
 right-padded with the pad id to ``max_length``; ``labels`` equal ``input_ids`` except that pad
-positions become -100. No shift here: the model's loss shifts.
+positions become -100. No shift here: the model's loss shifts. Texts are read on demand through a
+byte-offset index (``JsonlTexts``), so a multi-GB pretrain jsonl does not have to fit in memory.
 """
 from __future__ import annotations
 
 import json
+from array import array
 from pathlib import Path
 
 import torch
@@ -18,26 +20,58 @@ from .tokenizer import ByteTokenizer
 TINY_CORPUS = Path(__file__).resolve().parents[2] / "labs" / "data" / "pretrain_tiny.jsonl"
 
 
-def read_jsonl_texts(path) -> list[str]:
-    """Read the ``text`` field of every line; a bad line raises with file and line number."""
+def parse_text(line: bytes, where: str) -> str:
+    """The ``text`` field of one jsonl line; ``where`` (file:line) names it in the error."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise ValueError(f'{where}: expected an object with a string "text" field')
+    return record["text"]
+
+
+def jsonl_records(path):
+    """Yield ``(byte offset, text)`` for every non-blank line, checking each one; a bad line raises
+    with file and line number, an empty file with its name."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data_path {str(path)!r} does not exist or is not a file")
-    texts = []
-    with path.open(encoding="utf-8") as handle:
+    offset, found = 0, False
+    with path.open("rb") as handle:
         for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(f'{path}:{line_no}: expected an object with a string "text" field')
-            texts.append(record["text"])
-    if not texts:
+            if line.strip():
+                found = True
+                yield offset, parse_text(line, f"{path}:{line_no}")
+            offset += len(line)
+    if not found:
         raise ValueError(f"{path}: no samples")
-    return texts
+
+
+def read_jsonl_texts(path) -> list[str]:
+    """Every text in memory (fine for the tiny corpus; ``JsonlTexts`` streams large files)."""
+    return [text for _, text in jsonl_records(path)]
+
+
+class JsonlTexts:
+    """The texts of a jsonl file, read on demand: one checking pass records each line's byte offset
+    (8 bytes a line), then ``texts[i]`` seeks to it. Memory stays bounded by the index, not the file."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.offsets = array("q", (offset for offset, _ in jsonl_records(self.path)))
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: int) -> str:
+        offset = self.offsets[index]
+        with self.path.open("rb") as handle:  # opened per read: safe in DataLoader worker processes
+            handle.seek(offset)
+            line = handle.readline()
+        return parse_text(line, f"{self.path} (byte {offset}, changed since it was indexed?)")
 
 
 class PretrainDataset(Dataset):
@@ -46,7 +80,7 @@ class PretrainDataset(Dataset):
             raise ValueError(f"max_length must be an int >= 3 (bos + 1 token + eos), got {max_length!r}")
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.max_length = max_length
-        self.samples = read_jsonl_texts(data_path)
+        self.samples = JsonlTexts(data_path)
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -4,11 +4,20 @@ Upstream ships a 6400-token byte-level BPE whose special tokens are ``<|endoftex
 (pad/unk), ``<|im_start|>`` = 1 (bos) and ``<|im_end|>`` = 2 (eos). We keep those ids and the
 vocabulary size, and map every UTF-8 byte to one id after them, so any text (Chinese too)
 round-trips without a trained merge table.
+
+``load_tokenizer`` loads a real one instead: a ``tokenizer.json`` (MiniMind's ``model/`` directory
+holds one) through the Hugging Face ``tokenizers`` library, behind the same interface.
 """
 from __future__ import annotations
 
+import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
+
+# MiniMind's model/tokenizer_config.json: (role, token) for the ids PretrainDataset needs.
+MINIMIND_SPECIAL_TOKENS = {"pad_token": "<|endoftext|>", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 
 
 @dataclass
@@ -16,7 +25,35 @@ class Encoding:
     input_ids: list[int]
 
 
-class ByteTokenizer:
+class TokenizerCall(ABC):
+    """The slice of the Hugging Face tokenizer interface that ``PretrainDataset`` uses, over ``token_ids``."""
+    pad_token_id: int
+    bos_token_id: int
+    eos_token_id: int
+
+    @abstractmethod
+    def token_ids(self, text: str) -> list[int]:
+        """The ids of ``text`` without special tokens."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        ids = self.token_ids(text)
+        if add_special_tokens:
+            ids = [self.bos_token_id] + ids + [self.eos_token_id]
+        return ids
+
+    def __call__(self, text: str, add_special_tokens: bool = False,
+                 max_length: Optional[int] = None, truncation: bool = False) -> Encoding:
+        ids = self.encode(text, add_special_tokens=add_special_tokens)
+        if truncation and max_length is not None:
+            if max_length < 0:
+                raise ValueError(f"max_length must be >= 0, got {max_length}")
+            ids = ids[:max_length]
+        return Encoding(input_ids=ids)
+
+
+class ByteTokenizer(TokenizerCall):
     pad_token_id = 0
     bos_token_id = 1
     eos_token_id = 2
@@ -24,23 +61,8 @@ class ByteTokenizer:
     byte_offset = 3
     vocab_size = 6400
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        ids = [byte + self.byte_offset for byte in text.encode("utf-8")]
-        if add_special_tokens:
-            ids = [self.bos_token_id] + ids + [self.eos_token_id]
-        return ids
-
-    def __call__(self, text: str, add_special_tokens: bool = False,
-                 max_length: Optional[int] = None, truncation: bool = False) -> Encoding:
-        """The slice of the Hugging Face tokenizer call that ``PretrainDataset`` uses."""
-        ids = self.encode(text, add_special_tokens=add_special_tokens)
-        if truncation and max_length is not None:
-            if max_length < 0:
-                raise ValueError(f"max_length must be >= 0, got {max_length}")
-            ids = ids[:max_length]
-        return Encoding(input_ids=ids)
+    def token_ids(self, text: str) -> list[int]:
+        return [byte + self.byte_offset for byte in text.encode("utf-8")]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         out = bytearray()
@@ -56,3 +78,56 @@ class ByteTokenizer:
                 raise ValueError(f"token id {token} is outside this tokenizer's range "
                                  f"[0, {self.byte_offset + 256})")
         return out.decode("utf-8", errors="replace")
+
+
+class JsonTokenizer(TokenizerCall):
+    """A ``tokenizer.json`` loaded with ``tokenizers``; special-token ids come from its vocabulary."""
+
+    def __init__(self, path: Path, tokenizer, special_tokens: dict[str, str]):
+        self.path = path
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        for role, token in special_tokens.items():
+            token_id = tokenizer.token_to_id(token)
+            if token_id is None:
+                raise ValueError(f"--tokenizer_path {str(path)!r}: no {role} {token!r} in its vocabulary "
+                                 f"(PretrainDataset needs pad, bos and eos)")
+            setattr(self, f"{role}_id", token_id)
+
+    def token_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode([int(token) for token in ids], skip_special_tokens=skip_special_tokens)
+
+
+def special_token_names(config_path: Path) -> dict[str, str]:
+    """bos/eos/pad from a ``tokenizer_config.json`` beside the tokenizer (as AutoTokenizer reads them),
+    else MiniMind's."""
+    names = dict(MINIMIND_SPECIAL_TOKENS)
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        for role in names:
+            value = config.get(role)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                names[role] = value
+    return names
+
+
+def load_tokenizer(tokenizer_path=None):
+    """``--tokenizer_path``: a directory holding ``tokenizer.json`` or the file itself; None: ``ByteTokenizer``."""
+    if tokenizer_path is None:
+        return ByteTokenizer()
+    path = Path(tokenizer_path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        where = "this directory has no tokenizer.json" if path.is_dir() else "no such file or directory"
+        raise ValueError(f"--tokenizer_path {str(path)!r}: {where} (give a tokenizer.json or its directory)")
+    from tokenizers import Tokenizer  # only runs that bring their own tokenizer need the library
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+        raise ValueError(f"--tokenizer_path {str(file)!r}: not a tokenizer.json that tokenizers can load "
+                         f"({exc})") from None
+    return JsonTokenizer(file, tokenizer, special_token_names(file.parent / "tokenizer_config.json"))

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from .config import MiniMindConfig
 from .dataset import TINY_CORPUS, PretrainDataset
 from .model import MiniMindForCausalLM
+from .tokenizer import ByteTokenizer, load_tokenizer
 from .trainer_utils import Logger, get_lr, setup_seed
 
 
@@ -113,15 +114,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_seq_len", type=int, default=340)
     parser.add_argument("--use_moe", type=int, default=0, choices=[0, 1])
     parser.add_argument("--data_path", type=str, default=str(TINY_CORPUS))
+    # Upstream loads its tokenizer from ../model; here the built-in ByteTokenizer unless given one.
+    parser.add_argument("--tokenizer_path", type=str, default=None,
+                        help="a tokenizer.json or its directory (MiniMind's model/); default: the built-in "
+                             "byte tokenizer")
+    parser.add_argument("--vocab_size", type=int, default=None,
+                        help="the model's vocabulary; default: the tokenizer's, and it must equal it")
     return parser
+
+
+def build_tokenizer(args):
+    """The run's tokenizer (--tokenizer_path or the built-in one); sets args.vocab_size to its vocabulary
+    and refuses a --vocab_size that differs."""
+    tokenizer = load_tokenizer(args.tokenizer_path)
+    if args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size:
+        source = args.tokenizer_path or "the built-in byte tokenizer"
+        raise ValueError(f"--vocab_size {args.vocab_size} differs from the tokenizer's vocabulary "
+                         f"({tokenizer.vocab_size}, {source}); omit --vocab_size or give "
+                         f"{tokenizer.vocab_size}")
+    args.vocab_size = tokenizer.vocab_size
+    return tokenizer
 
 
 def build_training(args):
     """Upstream's setup: seed, model, AdamW with torch defaults, GradScaler only for fp16, and
-    autocast only on CUDA (CPU runs fp32 under a ``nullcontext``)."""
+    autocast only on CUDA (CPU runs fp32 under a ``nullcontext``). The vocabulary is
+    ``args.vocab_size`` (set by ``build_tokenizer``), else the built-in tokenizer's 6400."""
     setup_seed(42)
     config = MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers,
-                            use_moe=bool(args.use_moe))
+                            use_moe=bool(args.use_moe), vocab_size=args.vocab_size or ByteTokenizer.vocab_size)
     model = MiniMindForCausalLM(config).to(args.device)
     device_type = "cuda" if "cuda" in args.device else "cpu"
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float16
@@ -133,8 +154,9 @@ def build_training(args):
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
+    tokenizer = build_tokenizer(args)
     model, optimizer, scaler, autocast_ctx = build_training(args)
-    dataset = PretrainDataset(args.data_path, max_length=args.max_seq_len)
+    dataset = PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len)
     Logger(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M")
     for epoch in range(args.epochs):
         setup_seed(42 + epoch)
