@@ -12,6 +12,7 @@ from pathlib import Path  # noqa: F401
 
 import torch  # noqa: F401
 import torch.distributed as dist  # noqa: F401 - the current world size
+from torch.nn.parallel import DistributedDataParallel  # noqa: F401 - unwrapped before saving
 from torch.utils.data import Sampler
 
 

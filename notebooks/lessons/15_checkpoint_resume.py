@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Sampler
 
 from course.checks.notebook import run_checks
