@@ -114,13 +114,19 @@ def training_objects(scenario: LoopScenario) -> TrainingObjects:
     autocast_ctx = (torch.autocast(device_type, dtype=getattr(torch, scenario.autocast_dtype))
                     if scenario.autocast_dtype else nullcontext())
     if scenario.overflow_at_backward is not None:
-        calls = {"n": 0}
-
-        def inject_overflow(grad):
-            calls["n"] += 1
-            return grad + float("inf") if calls["n"] == scenario.overflow_at_backward else grad
-        model.model.norm.weight.register_hook(inject_overflow)
+        inject_overflow(model, scenario.overflow_at_backward)
     return TrainingObjects(model, optimizer, scaler, autocast_ctx)
+
+
+def inject_overflow(model: MiniMindForCausalLM, at_backward: int):
+    """An inf in the final norm's gradient on the ``at_backward``-th (1-based) backward through ``model``;
+    returns the hook's handle."""
+    calls = {"n": 0}
+
+    def add_inf(grad):
+        calls["n"] += 1
+        return grad + float("inf") if calls["n"] == at_backward else grad
+    return model.model.norm.weight.register_hook(add_inf)
 
 
 def run_result(objects: TrainingObjects, records: list[dict]) -> RunResult:

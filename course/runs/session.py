@@ -42,13 +42,14 @@ def global_batch_gradients(batches: list[TextBatch]) -> tuple[dict, torch.Tensor
     return {n: p.grad.clone() for n, p in model.named_parameters()}, nll_sum.detach(), units
 
 
-def new_session(impl, k: int, *, optimizer_cls=torch.optim.SGD, two_param_groups: bool = False, **kwargs):
-    """``impl.TrainingSession`` over a fresh tiny model (lr 0.1) accumulating ``k`` micro-steps.
+def new_session(impl, k: int, *, optimizer_cls=torch.optim.SGD, two_param_groups: bool = False, device: str = "cpu",
+                **kwargs):
+    """``impl.TrainingSession`` over a fresh tiny model (lr 0.1) on ``device`` accumulating ``k`` micro-steps.
 
     ``two_param_groups``: matrices and 1-D parameters (norm weights) in separate groups, the second
     at lr 0.05, as weight-decay setups do; an lr written to the first group only then shows.
     """
-    model = tiny_model(SESSION_SCENARIO)
+    model = tiny_model(SESSION_SCENARIO.with_(device=device))
     params = list(model.parameters())
     groups = ([{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1],
                                                                "lr": 0.05}] if two_param_groups else params)
