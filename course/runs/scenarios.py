@@ -6,17 +6,18 @@ from .loop import LoopScenario
 # Lesson 14: two epochs of 6 micro-batches; K=4 leaves a tail of 2 per epoch.
 LOOP_BASE = LoopScenario("dense, 2 epochs, K=4, 6 micro-batches per epoch (tail of 2)")
 # The two-epoch base catches the schedule, tail and accumulation mistakes; each other scenario adds one
-# situation and runs no longer than it needs to (graders run them all on every check).
+# situation and runs no longer (fewer micro-batches, 16 tokens) than it needs to: graders run them all.
+_SHORT = LOOP_BASE.with_(epochs=1, iters=3, max_length=16)
 LOOP_FP32_SCENARIOS = [
     LOOP_BASE,
-    LOOP_BASE.with_(name="dense, K=1 (step every micro-batch)", accumulation_steps=1, epochs=1),
-    LOOP_BASE.with_(name="dense, K=3 divides the epoch (no tail)", accumulation_steps=3, epochs=1),
+    _SHORT.with_(name="dense, 3 micro-batches, K=1 (step every micro-batch)", accumulation_steps=1),
+    _SHORT.with_(name="dense, 3 micro-batches, K=3 divides the epoch (no tail)", accumulation_steps=3),
     LOOP_BASE.with_(name="MoE (aux_loss > 0), K=4, resumed at epoch 1, start_step=3", use_moe=True, start_epoch=1,
-                    start_step=3),
-    LOOP_BASE.with_(name="dense, K=8 longer than the epoch (tail only)", accumulation_steps=8, epochs=1),
+                    start_step=3, max_length=16),
+    _SHORT.with_(name="dense, 3 micro-batches, K=8 longer than the epoch (tail only)", accumulation_steps=8),
 ]
 LOOP_AMP_SCENARIOS = [
-    LOOP_BASE.with_(name="CPU bf16 autocast, K=4", autocast_dtype="bfloat16", epochs=1),
+    LOOP_BASE.with_(name="CPU bf16 autocast, K=4", autocast_dtype="bfloat16", epochs=1, max_length=16),
     LOOP_BASE.with_(name="enabled GradScaler('cpu'), overflow injected in micro-step 6", scaler_enabled=True,
                     overflow_at_backward=6),
 ]
