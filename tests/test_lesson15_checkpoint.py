@@ -164,7 +164,7 @@ def test_kill_during_save_leaves_the_previous_checkpoint(tmp_path):
     assert all(name.endswith(".tmp") for name in leftovers), f"only a stray temp file may remain, found {leftovers}"
 
 
-STAGE = ["--impl", "reference", "--epochs", "1", "--batch_size", "16", "--max_seq_len", "32", "--save_interval", "4"]
+STAGE = ["--impl", "reference", "--preset", "tiny", "--epochs", "1", "--batch_size", "16", "--max_seq_len", "32", "--save_interval", "4"]
 
 
 def test_stage_assembly_resume_continues_exactly(tmp_path, capsys):
