@@ -30,7 +30,7 @@ from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger, setup_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 4000 lines, 0.43 MB.
+# Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
 STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
 LEARNING_RATE = 5e-3  # a tiny model tolerates (and needs) a larger lr than upstream's 5e-4 for 64M parameters
 MAX_SEQ_LEN = 128     # holds 72 % of the stories corpus's texts whole (bos + bytes + eos); the rest are cut
@@ -69,7 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--stop_after", type=int, default=0, metavar="STEPS",
                         help="stop after this many micro-steps of the whole run, as if interrupted, "
                              "saving a resume checkpoint first (0: run to the end)")
-    parser.add_argument("--eval_interval", type=int, default=40, metavar="UPDATES",
+    parser.add_argument("--eval_interval", type=int, default=30, metavar="UPDATES",
                         help="validation loss and a sample every this many optimizer updates, at the start "
                              "and at the end")
     parser.add_argument("--eval_batches", type=int, default=8,

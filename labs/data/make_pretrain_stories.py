@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 SEED = 2026
-LINES = 4000
+LINES = 3000
 OUT = Path(__file__).resolve().parent / "pretrain_stories.jsonl"
 
 NAMES = ["Tom", "Anna", "Ben", "Lily", "Sam", "Mia", "Leo", "Emma", "Max", "Zoe", "Jack", "Nina"]
