@@ -272,10 +272,10 @@ def main(argv=None) -> int:
     def evaluate(update: int) -> None:
         if val_batches:
             metrics["val_loss"].append([update, validation_loss(model, val_batches, args.device, autocast_ctx)])
-            Logger(f"update {update}: val_loss {metrics['val_loss'][-1][1]:.4f}")
+            tqdm.write(f"update {update}: val_loss {metrics['val_loss'][-1][1]:.4f}", file=sys.stdout)
         metrics["samples"].append([update, generate(model, tokenizer, args.prompt, args.max_new_tokens,
                                                     args.max_seq_len, args.device)])
-        Logger(f"update {update} sample: {metrics['samples'][-1][1]!r}")
+        tqdm.write(f"update {update} sample: {metrics['samples'][-1][1]!r}", file=sys.stdout)
 
     def finish() -> None:
         metrics["tokens_per_second"] = throughput.per_second()
