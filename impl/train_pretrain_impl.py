@@ -104,11 +104,11 @@ def run_config(args) -> dict:
     return {name: getattr(args, name) for name in RUN_CONFIG_FLAGS}
 
 
-def segment_ends(start_step: int, iters: int, save_interval: int, stop_step: int, eval_steps=()) -> list[int]:
+def segment_ends(start_step: int, iters: int, save_interval: int, stop_step: int, evals=()) -> list[int]:
     """Micro-steps of one epoch where training pauses to save or evaluate: multiples of save_interval,
-    eval_steps, the stop point and the epoch end (after its tail flush)."""
+    evals, the stop point and the epoch end (after its tail flush)."""
     ends = set(range(save_interval, iters, save_interval)) if save_interval else set()
-    ends |= {iters} | set(eval_steps) | ({stop_step} if 0 < stop_step < iters else set())
+    ends |= {iters} | set(evals) | ({stop_step} if 0 < stop_step < iters else set())
     return sorted(e for e in ends if e > start_step)
 
 
