@@ -1,7 +1,8 @@
 """Stage assembly for lessons 14-15: dataset -> DataLoader -> model -> your train_one_epoch -> checkpoint.
 
     python impl/train_pretrain_impl.py                          # uses YOUR impl/train_loop.py
-    python impl/train_pretrain_impl.py --impl reference --epochs 1
+    python impl/train_pretrain_impl.py --impl reference         # learns the stories corpus, ~3 min on 2 CPU cores
+    python impl/train_pretrain_impl.py --impl reference --metrics_json out/metrics.json --eval_interval 20
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_48_resume.pth
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import sys
 import time
@@ -18,25 +20,44 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from course.implementations import load_implementation
-from course.minimind import TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
+from course.minimind import IGNORE_INDEX, TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
 from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger, setup_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
+STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
+LEARNING_RATE = 5e-3  # a tiny model tolerates (and needs) a larger lr than upstream's 5e-4 for 64M parameters
+MAX_SEQ_LEN = 128     # holds 72 % of the stories corpus's texts whole (bos + bytes + eos); the rest are cut
+
+
+# --preset: the defaults of everything below. "stories" learns visibly in about 3 minutes on 2 CPU cores;
+# "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the stories corpus.
+PRESETS = {
+    "stories": dict(epochs=1, batch_size=8, accumulation_steps=2, log_interval=100, learning_rate=LEARNING_RATE,
+                    max_seq_len=MAX_SEQ_LEN, data_path=str(STORIES_CORPUS), val_fraction=0.05),
+    "tiny": dict(epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
+                 max_seq_len=64, data_path=str(TINY_CORPUS), val_fraction=0.0),
+}
 
 
 def parse_args(argv=None):
-    # Upstream's flags, with defaults small enough for the built-in corpus on a CPU.
-    parser = oracle_parser()
+    preset = argparse.ArgumentParser(add_help=False)
+    preset.add_argument("--preset", choices=sorted(PRESETS), default="stories")
+    parser = oracle_parser()  # upstream's flags
     parser.description = __doc__.splitlines()[0]
-    parser.set_defaults(epochs=2, batch_size=8, accumulation_steps=4, log_interval=5,
-                        hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, max_seq_len=64,
-                        data_path=str(TINY_CORPUS), save_interval=0)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="stories",
+                        help="defaults: stories (the built-in stories corpus, with validation) or tiny "
+                             "(lessons 14-16's tiny corpus, no validation); explicit flags override them")
+    parser.add_argument("--val_fraction", type=float,
+                        help="share of the data (its last lines) held out for validation; 0: no validation")
+    parser.set_defaults(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0,
+                        **PRESETS[preset.parse_known_args(argv)[0].preset])
     parser.add_argument("--impl", choices=["student", "reference"], default="student",
                         help="whose train_one_epoch to run (default: yours, impl/train_loop.py)")
     parser.add_argument("--impl-dir", dest="impl_dir", default=None, metavar="DIR",
@@ -48,10 +69,23 @@ def parse_args(argv=None):
     parser.add_argument("--stop_after", type=int, default=0, metavar="STEPS",
                         help="stop after this many micro-steps of the whole run, as if interrupted, "
                              "saving a resume checkpoint first (0: run to the end)")
+    parser.add_argument("--eval_interval", type=int, default=30, metavar="UPDATES",
+                        help="validation loss and a sample every this many optimizer updates, at the start "
+                             "and at the end")
+    parser.add_argument("--eval_batches", type=int, default=8,
+                        help="validation batches (of --batch_size) per evaluation, always the same ones")
+    parser.add_argument("--prompt", default="One day Tom went to the",
+                        help="the sample's prompt (greedy continuation at each evaluation)")
+    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--metrics_json", default=None, metavar="PATH",
+                        help="write train/val loss curves, tokens/s and the samples to this json file")
     args = parser.parse_args(argv)
-    for name in ("epochs", "batch_size", "accumulation_steps", "log_interval", "max_seq_len"):
+    for name in ("epochs", "batch_size", "accumulation_steps", "log_interval", "max_seq_len", "eval_interval",
+                 "eval_batches", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= args.val_fraction < 1:
+        parser.error(f"--val_fraction must be in [0, 1), got {args.val_fraction}")
     # A checkpoint cannot hold accumulated gradients, so saves happen only at update boundaries.
     for name in ("save_interval", "stop_after"):
         value = getattr(args, name)
@@ -62,7 +96,7 @@ def parse_args(argv=None):
 
 
 RUN_CONFIG_FLAGS = ("epochs", "batch_size", "accumulation_steps", "learning_rate", "max_seq_len", "grad_clip",
-                    "hidden_size", "num_hidden_layers", "use_moe")
+                    "hidden_size", "num_hidden_layers", "use_moe", "val_fraction")
 
 
 def run_config(args) -> dict:
@@ -70,30 +104,141 @@ def run_config(args) -> dict:
     return {name: getattr(args, name) for name in RUN_CONFIG_FLAGS}
 
 
-def segment_ends(start_step: int, iters: int, save_interval: int, stop_step: int) -> list[int]:
-    """Micro-steps of one epoch where training pauses to save: multiples of save_interval, the stop
-    point and the epoch end (after its tail flush)."""
+def segment_ends(start_step: int, iters: int, save_interval: int, stop_step: int, evals=()) -> list[int]:
+    """Micro-steps of one epoch where training pauses to save or evaluate: multiples of save_interval,
+    evals, the stop point and the epoch end (after its tail flush)."""
     ends = set(range(save_interval, iters, save_interval)) if save_interval else set()
-    ends |= {iters} | ({stop_step} if 0 < stop_step < iters else set())
+    ends |= {iters} | set(evals) | ({stop_step} if 0 < stop_step < iters else set())
     return sorted(e for e in ends if e > start_step)
 
 
-def log_records(records, epoch, epochs, iters, log_interval, seconds) -> None:
-    """MiniMind-style lines at upstream's cadence (every log_interval micro-steps and the last);
-    epoch_time is upstream's estimate of the minutes left in the epoch."""
-    per_step = seconds / max(len(records), 1)
+def eval_steps(epoch: int, iters: int, accumulation_steps: int, eval_interval: int) -> list[int]:
+    """The micro-steps of this epoch that close global update k * eval_interval."""
+    updates_per_epoch = math.ceil(iters / accumulation_steps)
+    return [s for s in range(accumulation_steps, iters, accumulation_steps)
+            if (epoch * updates_per_epoch + s // accumulation_steps) % eval_interval == 0]
+
+
+def closed_updates(records, pending: list) -> list[tuple[dict, float, float]]:
+    """(closing record, mean loss, mean aux_loss) over each closed update's micro-batches; ``pending`` carries
+    the (loss, aux_loss) of an update still open after the last record into the next call."""
+    closed = []
     for r in records:
-        if r["step"] % log_interval == 0 or r["step"] == iters:
-            Logger(f"Epoch:[{epoch + 1}/{epochs}]({r['step']}/{iters}), loss: {r['loss']:.4f}, "
-                   f"logits_loss: {r['loss'] - r['aux_loss']:.4f}, aux_loss: {r['aux_loss']:.4f}, "
+        pending.append((r["loss"], r["aux_loss"]))
+        if r["update_closed"]:
+            closed.append((r, sum(p[0] for p in pending) / len(pending), sum(p[1] for p in pending) / len(pending)))
+            pending.clear()
+    return closed
+
+
+def log_updates(closed, begin, epoch, epochs, iters, log_interval, seconds, micro_steps) -> None:
+    """MiniMind-style lines, one per closed update that crosses a multiple of log_interval micro-steps (and the
+    epoch's last); the loss is the update's mean over its micro-batches, not the last micro-batch's.
+    epoch_time is upstream's estimate of the minutes left in the epoch."""
+    per_step = seconds / max(micro_steps, 1)
+    previous = begin
+    for r, loss, aux_loss in closed:
+        if r["step"] // log_interval > previous // log_interval or r["step"] == iters:
+            Logger(f"Epoch:[{epoch + 1}/{epochs}]({r['step']}/{iters}), loss: {loss:.4f}, "
+                   f"logits_loss: {loss - aux_loss:.4f}, aux_loss: {aux_loss:.4f}, "
                    f"lr: {r['lr']:.8f}, epoch_time: {per_step * (iters - r['step']) / 60:.1f}min")
+        previous = r["step"]
 
 
-def counted(batches, bar):
-    """Advance the progress bar as each micro-batch is fetched (a paused epoch still shows where it is)."""
+class Throughput:
+    """Real (non-padding) target tokens over the seconds spent inside train_one_epoch."""
+
+    def __init__(self):
+        self.tokens, self.seconds, self.started = 0, 0.0, None
+
+    def start(self):
+        self.started = time.perf_counter()
+
+    def stop(self):
+        self.seconds += time.perf_counter() - self.started
+        self.started = None
+
+    def per_second(self) -> float:
+        running = time.perf_counter() - self.started if self.started is not None else 0.0
+        return self.tokens / max(self.seconds + running, 1e-9)
+
+
+def counted(batches, bar, throughput):
+    """Advance the progress bar (with tokens/s) as each micro-batch is fetched (a paused epoch still shows
+    where it is)."""
     for batch in batches:
+        throughput.tokens += int((batch[1][:, 1:] != IGNORE_INDEX).sum())
         bar.update(1)
+        bar.set_postfix_str(f"{throughput.per_second():,.0f} tok/s")
         yield batch
+
+
+@torch.no_grad()
+def validation_loss(model, batches, device, autocast_ctx) -> float:
+    """Mean loss per real target token over the fixed validation batches, in eval mode."""
+    model.eval()
+    total, count = 0.0, 0
+    for input_ids, labels in batches:
+        input_ids, labels = input_ids.to(device), labels.to(device)
+        with autocast_ctx:
+            loss = model(input_ids, labels=labels).loss
+        targets = int((labels[:, 1:] != IGNORE_INDEX).sum())
+        total, count = total + float(loss) * targets, count + targets
+    model.train()
+    return total / count
+
+
+def decode(tokenizer, ids) -> str:
+    """The text of ids; an id the tokenizer cannot decode (an untrained model may pick one of the byte
+    tokenizer's unused ids) becomes U+FFFD."""
+    try:
+        return tokenizer.decode(ids)
+    except ValueError:
+        return "".join(decode(tokenizer, [token]) if len(ids) > 1 else "\ufffd" for token in ids)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device) -> str:
+    """The prompt and its greedy continuation (argmax at each position, no KV cache), up to max_new_tokens
+    or eos; the model sees at most the last max_seq_len tokens, the length it was trained on."""
+    model.eval()
+    ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
+    new = []
+    for _ in range(max_new_tokens):
+        context = torch.tensor([(ids + new)[-max_seq_len:]], device=device)
+        token = int(model(context).logits[0, -1].argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        new.append(token)
+    model.train()
+    return prompt + decode(tokenizer, new)
+
+
+def plot_losses(train_loss, val_loss, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    if train_loss:
+        ax.plot(*zip(*train_loss), label="train (mean over each update's micro-batches)")
+    if val_loss:
+        ax.plot(*zip(*val_loss), marker="o", label="validation")
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def split(dataset, val_fraction: float):
+    """(train, validation) subsets: the validation set is the last ceil(val_fraction * N) lines."""
+    n_val = math.ceil(len(dataset) * val_fraction)
+    if n_val >= len(dataset):
+        raise ValueError(f"--val_fraction {val_fraction} leaves no training sample of {len(dataset)}")
+    n_train = len(dataset) - n_val
+    return Subset(dataset, range(n_train)), Subset(dataset, range(n_train, len(dataset)))
 
 
 def main(argv=None) -> int:
@@ -107,14 +252,39 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     model, optimizer, scaler, autocast_ctx = build_training(args)
-    dataset = PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len)
+    dataset, val_set = split(PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len),
+                             args.val_fraction)
+    val_batches = list(DataLoader(Subset(val_set, range(min(len(val_set), args.eval_batches * args.batch_size))),
+                                  batch_size=args.batch_size))
     iters = math.ceil(len(dataset) / args.batch_size)
+    updates_per_epoch = math.ceil(iters / args.accumulation_steps)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # for resume checkpoints too, whoever's save_checkpoint runs
     moe = "_moe" if args.use_moe else ""
     resume_file = out_dir / f"pretrain_{args.hidden_size}{moe}_resume.pth"
     Logger(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M, "
-           f"{len(dataset)} samples, train_one_epoch from {args.impl}")
+           f"{len(dataset)} samples" + (f" + {len(val_set)} for validation" if len(val_set) else "") +
+           f", train_one_epoch from {args.impl}")
+    metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [],
+               "figure": str(out_dir / f"pretrain_{args.hidden_size}{moe}_loss.png")}
+    throughput, pending = Throughput(), []
+
+    def evaluate(update: int) -> None:
+        if val_batches:
+            metrics["val_loss"].append([update, validation_loss(model, val_batches, args.device, autocast_ctx)])
+            tqdm.write(f"update {update}: val_loss {metrics['val_loss'][-1][1]:.4f}", file=sys.stdout)
+        metrics["samples"].append([update, generate(model, tokenizer, args.prompt, args.max_new_tokens,
+                                                    args.max_seq_len, args.device)])
+        tqdm.write(f"update {update} sample: {metrics['samples'][-1][1]!r}", file=sys.stdout)
+
+    def finish() -> None:
+        metrics["tokens_per_second"] = throughput.per_second()
+        plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]))
+        Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}")
+        if args.metrics_json:
+            Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))
+
     try:
         start_epoch, start_step = 0, 0
         if args.resume is not None:
@@ -127,6 +297,9 @@ def main(argv=None) -> int:
             start_epoch, start_step = ckpt.resume_position(checkpoint, iters)
             Logger(f"resumed from {args.resume}: epoch {start_epoch + 1}/{args.epochs}, step {start_step}/{iters} "
                    f"(skipping {start_step} trained micro-batches)")
+        update = start_epoch * updates_per_epoch + math.ceil(start_step / args.accumulation_steps)
+        if val_batches:
+            evaluate(update)
         for epoch in range(start_epoch, args.epochs):
             setup_seed(42 + epoch)
             order = torch.randperm(len(dataset)).tolist()
@@ -136,19 +309,27 @@ def main(argv=None) -> int:
                                  pin_memory=pinned)
                       if ckpt else DataLoader(dataset, batch_size=args.batch_size, sampler=order, pin_memory=pinned))
             bar = tqdm(desc=f"epoch {epoch + 1}/{args.epochs}", file=sys.stdout, initial=skip, total=iters)
-            batches = counted(iter(loader), bar)
+            batches = counted(iter(loader), bar, throughput)
             stop_step = args.stop_after - epoch * iters if args.stop_after else 0
+            evals = eval_steps(epoch, iters, args.accumulation_steps, args.eval_interval) if val_batches else []
             start, begin = time.time(), skip
-            for end in segment_ends(skip, iters, args.save_interval, stop_step):
+            for end in segment_ends(skip, iters, args.save_interval, stop_step, evals):
+                throughput.start()
                 records = train_loop.train_one_epoch(
                     model, itertools.islice(batches, end - begin), optimizer, device=args.device, epoch=epoch,
                     epochs=args.epochs, iters=iters, base_lr=args.learning_rate,
                     accumulation_steps=args.accumulation_steps, grad_clip=args.grad_clip, scaler=scaler,
                     autocast_ctx=autocast_ctx, start_step=begin)
+                throughput.stop()
                 if end == iters or end == stop_step:
                     bar.close()
-                log_records(records, epoch, args.epochs, iters, args.log_interval, time.time() - start)
+                closed = closed_updates(records, pending)
+                metrics["train_loss"] += [[update + i, loss] for i, (_, loss, _) in enumerate(closed, start=1)]
+                update += len(closed)
+                log_updates(closed, begin, epoch, args.epochs, iters, args.log_interval, time.time() - start, end - skip)
                 begin = end
+                if end in evals or val_batches and end == iters and epoch == args.epochs - 1:
+                    evaluate(update)
                 if args.save_interval and (end % args.save_interval == 0 or end == iters) or end == stop_step:
                     # batch_size / accum_steps: a legacy (micro-batch) training state for lesson 16's trainer
                     ckpt.save_checkpoint(resume_file, model=model, optimizer=optimizer, scaler=scaler,
@@ -158,6 +339,7 @@ def main(argv=None) -> int:
                 if end == stop_step:
                     Logger(f"stopped after {args.stop_after} micro-steps (--stop_after); continue with "
                            f"--resume {resume_file}")
+                    finish()
                     return 0
     except NotImplementedError as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1].filename
@@ -171,6 +353,9 @@ def main(argv=None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not val_batches:
+        evaluate(update)  # the final sample
+    finish()
     weights = out_dir / f"pretrain_{args.hidden_size}{moe}.pth"
     torch.save(model.state_dict(), weights)
     Logger(f"saved weights to {weights}")

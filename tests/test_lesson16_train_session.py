@@ -342,7 +342,8 @@ def test_trainer_resumes_a_lesson15_stage_assembly_checkpoint(tmp_path, capsys):
     """The real legacy path: micro-batch 8 x accum 4, stopped after 8 micro-steps -> global 32, update 2."""
     stage = load_module(ROOT / "impl" / "train_pretrain_impl.py", "test16_stage")
     model_args = ["--hidden_size", "32", "--num_hidden_layers", "1", "--max_seq_len", "16"]
-    assert stage.main(["--impl", "reference", "--epochs", "1", "--batch_size", "8", "--accumulation_steps", "4",
+    assert stage.main(["--impl", "reference", "--preset", "tiny", "--epochs", "1", "--batch_size", "8",
+                       "--accumulation_steps", "4",
                        "--save_interval", "8", "--stop_after", "8", "--out_dir", str(tmp_path)] + model_args) == 0
     capsys.readouterr()
     records = train_text.main([a.replace("_", "-") for a in model_args] + [
@@ -363,7 +364,8 @@ def test_trainer_resumes_a_stage_assembly_epoch_end_at_the_next_epoch(tmp_path, 
     epoch 1."""
     stage = load_module(ROOT / "impl" / "train_pretrain_impl.py", "test16_stage_epoch_end")
     model_args = ["--hidden_size", "32", "--num_hidden_layers", "1", "--max_seq_len", "16"]
-    assert stage.main(["--impl", "reference", "--epochs", "1", "--batch_size", "6", "--accumulation_steps", "4",
+    assert stage.main(["--impl", "reference", "--preset", "tiny", "--epochs", "1", "--batch_size", "6",
+                       "--accumulation_steps", "4",
                        "--save_interval", "4", "--out_dir", str(tmp_path)] + model_args) == 0
     saved = torch.load(tmp_path / "pretrain_32_resume.pth", weights_only=True)
     expect_equal("stage assembly's epoch-end checkpoint: (epoch, step)", (saved["epoch"], saved["step"]), (0, 27))

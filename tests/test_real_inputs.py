@@ -124,7 +124,7 @@ def first_logged_loss(output: str) -> float:
 
 
 def test_stage_assembly_trains_and_saves_with_the_bpe_tokenizer(bpe_dir, tmp_path, capsys):
-    argv = ["--impl", "reference", "--epochs", "1", "--log_interval", "1", "--tokenizer_path", str(bpe_dir),
+    argv = ["--impl", "reference", "--preset", "tiny", "--epochs", "1", "--log_interval", "1", "--tokenizer_path", str(bpe_dir),
             "--out_dir", str(tmp_path)]
     expect_equal("stage assembly exit code", STAGE.main(argv), 0)
     out = capsys.readouterr().out

@@ -1,0 +1,134 @@
+"""The stage assembly's learning view (impl/train_pretrain_impl.py): train/validation split, val loss every
+--eval_interval updates, the train loss averaged over each update's micro-batches, --metrics_json, the loss-curve
+PNG, greedy samples, and the built-in stories corpus. Short runs on a slice of the corpus with a high lr."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from course.checks.framework import expect_equal
+from course.implementations import REPO_ROOT, load_implementation, load_module
+
+STAGE_PATH = REPO_ROOT / "impl" / "train_pretrain_impl.py"
+PROMPT = "One day Tom went to the"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def corpus_slice(tmp_path, lines: int):
+    path = tmp_path / "slice.jsonl"
+    stories = (REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl").read_text(encoding="utf-8")
+    path.write_text("".join(stories.splitlines(keepends=True)[:lines]), encoding="utf-8")
+    return path
+
+
+def short_run_argv(tmp_path, data_path):
+    # 180 train + 20 validation samples, micro-batch 8, accumulation 3: 23 micro-steps, 8 updates (the last a
+    # tail flush of 2), so the mean-over-micro-batches rule is exercised on full and partial updates.
+    return ["--impl", "reference", "--data_path", str(data_path), "--hidden_size", "32", "--num_hidden_layers", "1",
+            "--max_seq_len", "48", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
+            "--val_fraction", "0.1", "--eval_interval", "4", "--eval_batches", "2", "--max_new_tokens", "12",
+            "--prompt", PROMPT, "--out_dir", str(tmp_path / "out"), "--metrics_json", str(tmp_path / "m.json")]
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """One short run in-process, shared by the tests below; the reference train_one_epoch's records are captured
+    on the way out."""
+    tmp_path = tmp_path_factory.mktemp("stage")
+    stage = load_module(STAGE_PATH, "test_stage_assembly_stage")
+    reference = load_implementation("train_loop.py", "reference")
+    captured = []
+
+    def recording_train_one_epoch(*args, **kwargs):
+        records = reference.train_one_epoch(*args, **kwargs)
+        captured.extend(records)
+        return records
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+        patch.setattr(stage, "load_implementation",
+                      lambda name, impl, impl_dir: SimpleNamespace(train_one_epoch=recording_train_one_epoch))
+        assert stage.main(short_run_argv(tmp_path, corpus_slice(tmp_path, 200))) == 0
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    return SimpleNamespace(metrics=metrics, records=captured, out=out.getvalue())
+
+
+def test_metrics_json_schema(short_run):
+    metrics = short_run.metrics
+    expect_equal("metrics_json keys", sorted(metrics),
+                 ["figure", "samples", "tokens_per_second", "train_loss", "val_loss"])
+    expect_equal("train_loss updates (8 updates: 7 full + a tail flush)", [u for u, _ in metrics["train_loss"]],
+                 list(range(1, 9)))
+    expect_equal("val_loss updates (start, every 4 updates, the end)", [u for u, _ in metrics["val_loss"]], [0, 4, 8])
+    expect_equal("sample updates", [u for u, _ in metrics["samples"]], [0, 4, 8])
+    assert metrics["tokens_per_second"] > 0, metrics["tokens_per_second"]
+
+
+def test_val_loss_decreases(short_run):
+    """8 updates at lr 1e-2 on a 200-line slice: the validation loss starts near ln(6400) = 8.76 (an untrained
+    model) and must fall by at least 1.5 nats (measured: 8.77 -> 6.79)."""
+    val = [loss for _, loss in short_run.metrics["val_loss"]]
+    assert abs(val[0] - 8.764) < 0.05, f"first val loss ACTUAL {val[0]:.4f}, EXPECTED ln(6400) = 8.764 +- 0.05"
+    assert val[-1] < val[0] - 1.5, f"val loss ACTUAL {val}, EXPECTED the last at least 1.5 below the first"
+
+
+def test_train_loss_is_the_mean_over_each_updates_micro_batches(short_run):
+    """Recomputed from train_one_epoch's own records (grouped by update_closed), to 1e-9 (float summation
+    order); the last micro-batch alone (upstream's logged loss) must differ somewhere."""
+    expected, last_only, group = [], [], []
+    for record in short_run.records:
+        group.append(record["loss"])
+        if record["update_closed"]:
+            expected.append(sum(group) / len(group))
+            last_only.append(group[-1])
+            group = []
+    actual = [loss for _, loss in short_run.metrics["train_loss"]]
+    expect_equal("number of logged updates", len(actual), len(expected))
+    for update, (a, e) in enumerate(zip(actual, expected), start=1):
+        assert abs(a - e) <= 1e-9, (f"update {update}: train loss ACTUAL {a!r}, EXPECTED mean of its micro-batches "
+                                    f"{e!r} (tolerance 1e-9); hint: the last micro-batch alone is {last_only[update - 1]!r}")
+    assert any(abs(a - b) > 1e-6 for a, b in zip(expected, last_only)), "the test cannot tell mean from last"
+
+
+def test_loss_figure_is_a_png(short_run):
+    figure = REPO_ROOT / short_run.metrics["figure"]
+    assert figure.parent.name == "out" and figure.is_file(), figure
+    assert figure.read_bytes()[:8] == PNG_SIGNATURE, f"{figure} does not start with the PNG signature"
+    assert figure.stat().st_size > 5_000, f"{figure}: {figure.stat().st_size} bytes, too small for two curves"
+
+
+def test_samples_continue_the_prompt_and_are_printed(short_run):
+    for update, text in short_run.metrics["samples"]:
+        assert text.startswith(PROMPT) and len(text) > len(PROMPT), (update, text)
+        assert f"update {update} sample: {text!r}" in short_run.out, short_run.out[-2000:]
+    assert f"update 8: val_loss {short_run.metrics['val_loss'][-1][1]:.4f}" in short_run.out, short_run.out[-2000:]
+
+
+def test_split_holds_out_the_last_lines(tmp_path, capsys):
+    stage = load_module(STAGE_PATH, "test_stage_assembly_split")
+    dataset = list(range(200))
+    train, val = stage.split(dataset, 0.1)
+    expect_equal("(train, validation) indices", (list(train.indices), list(val.indices)),
+                 (list(range(180)), list(range(180, 200))))
+    with pytest.raises(SystemExit):
+        stage.parse_args(["--val_fraction", "1"])
+    assert "--val_fraction must be in [0, 1), got 1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        stage.parse_args(["--eval_interval", "0"])
+    assert "--eval_interval must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_stories_corpus_is_what_its_generator_writes(tmp_path):
+    """labs/data/pretrain_stories.jsonl is reproducible byte for byte from labs/data/make_pretrain_stories.py."""
+    out = tmp_path / "stories.jsonl"
+    proc = subprocess.run([sys.executable, "labs/data/make_pretrain_stories.py", str(out)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    committed = (REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl").read_bytes()
+    assert out.read_bytes() == committed, "the committed corpus differs from the generator's output: rerun it"
