@@ -187,8 +187,9 @@ def test_reference_matches_oracle_bitwise(scenario):
 
 
 def test_injected_overflow_skips_the_step_and_halves_the_scale():
-    """The GradScaler scenario really exercises the scaler: an inf gradient in micro-step 6 (epoch 0's
-    tail window 5-6, K=4) makes the tail flush skip its update, and the scale drops from 2**16 to 2**15."""
+    """The GradScaler scenario really exercises the scaler: an inf gradient in micro-step 2 (window 1-4, K=4)
+    makes the update at micro-step 4 skip, the scale drops from 2**16 to 2**15, and the tail flush at
+    micro-step 6 steps again."""
     scenario = next(s for s in LOOP_AMP_SCENARIOS if s.overflow_at_backward)
     clean = run_oracle(scenario.with_(overflow_at_backward=None))
     hit = run_oracle(scenario)
@@ -198,12 +199,14 @@ def test_injected_overflow_skips_the_step_and_halves_the_scale():
     closed = sum(r["update_closed"] for r in hit.records)
     expect_equal("AdamW step count of every parameter (one update skipped)", set(steps.values()), {closed - 1.0})
     expect_equal("(epoch, step) of the records marked overflow_skipped",
-                 [(r["epoch"], r["step"]) for r in hit.records if r["overflow_skipped"]], [(0, 6)])
+                 [(r["epoch"], r["step"]) for r in hit.records if r["overflow_skipped"]], [(0, 4)])
     expect_equal("records marked overflow_skipped without an overflow",
                  [r for r in clean.records if r["overflow_skipped"]], [])
-    overflow_record = next(r for r in hit.records if r["step"] == 6 and r["epoch"] == 0)
+    overflow_record = next(r for r in hit.records if r["step"] == 4 and r["epoch"] == 0)
     expect_equal("(update_closed, grad norm) reported at the skipped update",
                  (overflow_record["update_closed"], overflow_record["grad_norm"]), (True, float("inf")))
+    expect_equal("(update_closed, overflow_skipped) of the tail flush after the skip",
+                 (hit.records[-1]["update_closed"], hit.records[-1]["overflow_skipped"]), (True, False))
 
 
 def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):

@@ -18,8 +18,8 @@ LOOP_FP32_SCENARIOS = [
 ]
 LOOP_AMP_SCENARIOS = [
     LOOP_BASE.with_(name="CPU bf16 autocast, K=4", autocast_dtype="bfloat16", epochs=1, max_length=16),
-    LOOP_BASE.with_(name="enabled GradScaler('cpu'), overflow injected in micro-step 6", scaler_enabled=True,
-                    overflow_at_backward=6),
+    LOOP_BASE.with_(name="enabled GradScaler('cpu'), overflow injected in micro-step 2: update 4 skipped, the tail "
+                         "flush steps at half the scale", scaler_enabled=True, overflow_at_backward=2, epochs=1),
 ]
 
 # Lesson 15: (scenario, stop epoch, stop micro-step) at update boundaries (multiples of K, or an
