@@ -20,7 +20,7 @@ from typing import Optional
 
 from .checks import LESSONS, get_lesson
 from .checks.assignments import NOTEBOOKS_DIR, release_all
-from .checks.framework import PASS, TODO, CheckFailure, exercise_status, grade
+from .checks.framework import PASS, TODO, exercise_status, grade
 from .scaffold import new_lesson
 
 

@@ -15,7 +15,7 @@ import torch
 from course.lesson16_runtime.driver import run_text_training
 from course.lesson16_runtime.text import token_weighted_step
 from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingRunState,
-                                           TrainingSessionState, TrainingStepOptions)
+                                           TrainingStepOptions)
 from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches, tiny_model)
 
