@@ -98,7 +98,7 @@ class TrainingSession:
 
 
 def migrate_train_state(state: dict) -> dict:
-    """TODO (lesson 16 §6): convert a legacy (micro-batch semantics) training state; never modify the input.
+    """TODO (lesson 16 §5.4): convert a legacy (micro-batch semantics) training state; never modify the input.
 
     A state with ``batch_size_semantics == "global"`` comes back as an equal copy; any other value
     -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy:
@@ -119,4 +119,4 @@ def migrate_train_state(state: dict) -> dict:
       every sample was applied): resume at update 0 of ``epoch + 1``, nothing dropped, and the note
       says "start of the next epoch".
     """
-    raise NotImplementedError("migrate_train_state: TODO - see lesson 16 §6")
+    raise NotImplementedError("migrate_train_state: TODO - see lesson 16 §5.4")

@@ -32,9 +32,9 @@ LESSON = Lesson(
         Exercise("split_global_batch", "16 §4.2", points=1, hidden_points=1),
         Exercise("steps_per_epoch", "16 §4.2", points=1),
         Exercise("TrainingSession", "16 §4.3", points=3, hidden_points=3),
-        Exercise("migrate_train_state", "16 §6", points=1, hidden_points=1),
+        Exercise("migrate_train_state", "16 §5.4", points=1, hidden_points=1),
     ],
-    labs=("lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py", "bench_lesson16_session.py"),
+    labs=("lesson16_mean_of_means.py", "lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py", "bench_lesson16_session.py"),
     notebook_mistake="clip_before_unscale",
 )
 check = LESSON.check

@@ -1,5 +1,5 @@
 """The text run driver: it owns data order, counters, the lr schedule and the checkpoint cadence;
-the ``TrainingSession`` owns accumulation and the update (lesson 16 §3).
+the ``TrainingSession`` owns accumulation and the update (lesson 16 §5.1).
 
 Per update: shuffled indices -> one global batch -> its ``normalization_units`` (valid targets of
 the whole global batch, counted on the host BEFORE splitting) -> micro-batches -> ``train_step``

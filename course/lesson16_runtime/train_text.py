@@ -1,7 +1,7 @@
 """A MiniMind-style pretrain script on the lesson-16 protocol.
 
 ``--batch-size`` is the GLOBAL batch (samples per optimizer update) and ``--accum-steps`` the
-micro-steps per update, so the micro-batch is ``batch_size / accum_steps`` (lesson 16 §5). The
+micro-steps per update, so the micro-batch is ``batch_size / accum_steps`` (lesson 16 §5.3). The
 script saves ``train_state.pt``, a lesson-15 resume checkpoint carrying ``batch_size_semantics="global"``,
 and resumes from it or from a legacy one (``batch_size`` = micro-batch, ``step`` = micro-steps, e.g.
 ``impl/train_pretrain_impl.py --save_interval``), at the last update boundary.

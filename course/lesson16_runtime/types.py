@@ -3,7 +3,7 @@
 Both the student's ``impl/train_session.py`` and the reference import these, so a
 submission and the reference speak the same language to the run driver and to the checks.
 
-State split (lesson 16 §6):
+State split (lesson 16 §5.4):
 
 * ``TrainingSessionState`` - what the session owns: lr, optimizer steps, the micro-steps and loss
   numerators of the update in progress, and whether that accumulation is still valid.
@@ -98,7 +98,7 @@ class TrainingStepReport:
 
 @dataclass
 class TrainingSessionState:
-    """The session's own state (lesson 16 §6)."""
+    """The session's own state (lesson 16 §5.4)."""
 
     lr: float
     optimizer_step: int

@@ -181,7 +181,7 @@ class TrainingSession:
                                   grad_norm, overflow_skipped=skipped)
 
 
-# Legacy keys a state may lack, and what their absence means (lesson 16 §6). ``batch_size`` and
+# Legacy keys a state may lack, and what their absence means (lesson 16 §5.4). ``batch_size`` and
 # ``sample_count`` have no default: without them the global batch and the epoch's end are unknown.
 LEGACY_DEFAULTS = {"epoch": 0, "step": 0, "accum_steps": 1}
 

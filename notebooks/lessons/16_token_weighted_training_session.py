@@ -44,7 +44,7 @@ from course.reference.train_loop import should_step_optimizer
 torch.set_num_threads(1)
 
 # %% [markdown]
-# ## Exercise 1 — counting what the loss averages over (lesson 16 §4.1, the math in §2)
+# ## Exercise 1 — counting what the loss averages over (lesson 16 §4.1, the math in §1)
 #
 # The model's loss is a mean over the *shifted* targets `labels[..., 1:] != -100`.
 
@@ -52,7 +52,7 @@ torch.set_num_threads(1)
 # exercise: count_loss_units
 
 # %% [markdown]
-# ## Exercise 2 — a global batch in micro-batches (lesson 16 §4.2, semantics in §5)
+# ## Exercise 2 — a global batch in micro-batches (lesson 16 §4.2, semantics in §5.3)
 #
 # `--batch-size` is now the batch of one optimizer update; K micro-batches share it.
 
@@ -68,7 +68,7 @@ torch.set_num_threads(1)
 # exercise: steps_per_epoch
 
 # %% [markdown]
-# ## Exercise 4 — the TrainingSession (lesson 16 §4.3, the protocol in §3)
+# ## Exercise 4 — the TrainingSession (lesson 16 §4.3, the protocol in §5.1)
 #
 # One parameter update over K calls of `train_step`: each micro-batch's loss is weighted by
 # `gradient_units / normalization_units`, and the session owns the update boundary
@@ -79,7 +79,7 @@ torch.set_num_threads(1)
 # exercise: TrainingSession
 
 # %% [markdown]
-# ## Exercise 5 — migrating a legacy training state (lesson 16 §6)
+# ## Exercise 5 — migrating a legacy training state (lesson 16 §5.4)
 #
 # An old state counted micro-batches and micro-steps; it resumes at the last update boundary.
 
@@ -87,7 +87,7 @@ torch.set_num_threads(1)
 # exercise: migrate_train_state
 
 # %% [markdown]
-# ## Experiment on your code: the mean-of-means gap vs token-weighted (lesson 16 §8)
+# ## Experiment on your code: the mean-of-means gap vs token-weighted (lesson 16 §6)
 #
 # Padded tiny-corpus samples, sorted by length inside each global batch of 8 (K = 4), so the
 # micro-batches hold very different numbers of valid targets. Three copies of the tiny model train
