@@ -152,7 +152,7 @@ def lr_per_update(epoch: int, step: int, iters: int, epochs: int, accumulation_s
         raise ValueError(f"iters must be >= 1, got {iters}")
     if epochs <= 0:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if not 0 <= epoch < epochs:
+    if epoch < 0 or epoch >= epochs:
         raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")
     if not 1 <= step <= iters:
         raise ValueError(f"step must be in [1, iters={iters}], got {step}")
@@ -174,7 +174,8 @@ def update_cadence_due(step: int, iters: int, accumulation_steps: int, interval:
         raise ValueError(f"step must be in [1, iters={iters}], got {step}")
     if step == iters:
         return True
-    return step % accumulation_steps == 0 and (step // accumulation_steps) % interval == 0
+    closes_update = step % accumulation_steps == 0
+    return closes_update and (step // accumulation_steps) % interval == 0
 
 
 def adamw_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
