@@ -3,9 +3,11 @@ the decay factor are known in closed form, so they are expected values independe
 from __future__ import annotations
 
 import re
+import sys
 
 from course.implementations import REPO_ROOT, load_module
 
+sys.path.insert(0, str(REPO_ROOT / "labs"))   # as when the lab runs as a script: it imports its neighbours
 LAB = load_module(REPO_ROOT / "labs" / "lesson14_fix_upstream.py", "fix_upstream_lab")
 FIGURES = {"14_fix_upstream_tail", "14_fix_upstream_lr_per_update", "14_fix_upstream_norm_decay",
            "14_fix_upstream_warmup"}
