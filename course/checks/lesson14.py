@@ -653,7 +653,7 @@ def warmup_cosine_lr_ramps_then_follows_get_lr(impl):
 
 
 @check("warmup_cosine_lr")
-def warmup_cosine_lr_rejects_bad_arguments(impl):
+def warmup_schedule_rejects_bad_arguments(impl):
     """total_steps <= 0, warmup_steps outside [0, total_steps), current_step outside [0, total_steps]:
     ValueError naming the argument."""
     for args, argument in [((0, 0, 1e-3, 0), "total_steps"), ((0, 10, 1e-3, -1), "warmup_steps"),
@@ -716,6 +716,6 @@ LESSON.mistake("warmup_one_step_ahead", "(s + 1) / W: the warmup reaches base_lr
                warmup_cosine_lr_ramps_then_follows_get_lr)
 LESSON.mistake("warmup_may_fill_the_run", "warmup_steps == total_steps accepted: no step left for the cosine",
                "if not 0 <= warmup_steps < total_steps:", "if not 0 <= warmup_steps <= total_steps:",
-               warmup_cosine_lr_rejects_bad_arguments)
+               warmup_schedule_rejects_bad_arguments)
 LESSON.equivalent("warmup_fraction_first", "current_step / warmup_steps * base_lr",
                   "return base_lr * current_step / warmup_steps", "return current_step / warmup_steps * base_lr")
