@@ -4,6 +4,7 @@
     python -m course check 14 --impl reference    # the reference solutions
     python -m course check 14 --impl-dir DIR      # a submission laid out like impl/
     python -m course check 14 --json              # machine-readable
+    python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
     python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mistakes 14                  # the typical mistakes the checks catch
     python -m course syllabus                     # the README's syllabus table, from the descriptors
@@ -24,31 +25,51 @@ from .checks.framework import PASS, TODO, exercise_status, grade
 from .scaffold import new_lesson
 
 
-def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str]) -> dict:
-    """Grade one implementation; the dict is what ``--json`` prints and the table shows."""
+SKIP = "SKIP"   # an optional extension that this run did not grade (no --all)
+
+
+def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False) -> dict:
+    """Grade one implementation; the dict is what ``--json`` prints and the table shows.
+
+    ``passed`` / ``total`` count the core exercises only (they decide the exit code); optional
+    extensions are graded only with ``include_optional`` and summed apart under ``optional``."""
     lesson = get_lesson(lesson_id)
+    core = lesson.core_exercises
     try:
         module = lesson.load(impl, impl_dir)
     except (ValueError, FileNotFoundError):
         raise
     except Exception as exc:  # a student file that does not even import
         return {"lesson": lesson_id, "impl": impl_dir or impl, "import_error": f"{type(exc).__name__}: {exc}",
-                "exercises": [], "passed": 0, "total": len(lesson.exercises)}
-    results = grade(lesson, module)
+                "exercises": [], "passed": 0, "total": len(core)}
+    graded = [e.name for e in lesson.exercises if include_optional or not e.optional]
+    results = grade(lesson, module, graded)
     exercises = []
     for exercise in lesson.exercises:
+        if exercise.name not in graded:
+            exercises.append({"exercise": exercise.name, "status": SKIP, "section": exercise.section,
+                              "optional": True, "message": f"optional: python -m course check {lesson_id} --all "
+                                                           "grades it", "checks": []})
+            continue
         mine = [r for r in results if r.exercise == exercise.name]
         status = exercise_status(mine)
         first = next((r for r in mine if r.status == status), None) if status != PASS else None
         exercises.append({
             "exercise": exercise.name, "status": status, "section": exercise.section,
-            "message": first.message if first else "",
+            "optional": exercise.optional, "message": first.message if first else "",
             "checks": [{"check": r.check, "status": r.status, "seconds": round(r.seconds, 3),
                         "message": r.message} for r in mine],
         })
-    passed = sum(e["status"] == PASS for e in exercises)
-    return {"lesson": lesson_id, "impl": impl_dir or impl, "exercises": exercises, "passed": passed,
-            "total": len(exercises)}
+    optional = [e for e in exercises if e["optional"]]
+    return {"lesson": lesson_id, "impl": impl_dir or impl, "exercises": exercises,
+            "passed": sum(e["status"] == PASS for e in exercises if not e["optional"]), "total": len(core),
+            "optional": {"graded": include_optional, "passed": sum(e["status"] == PASS for e in optional),
+                         "total": len(optional)}}
+
+
+def _counts(rows: list[dict], passed: int, total: int) -> str:
+    todo = sum(e["status"] == TODO for e in rows)
+    return f"{passed}/{total} passed, {len(rows) - passed - todo} failed, {todo} TODO"
 
 
 def print_table(report: dict, lesson_file: str) -> None:
@@ -58,14 +79,21 @@ def print_table(report: dict, lesson_file: str) -> None:
         return
     width = max(len(e["exercise"]) for e in report["exercises"])
     for e in report["exercises"]:
-        print(f"  {e['exercise']:<{width}}  {e['status']:<4}  read {e['section']}")
-        if e["status"] != PASS:
+        kind = "optional" if e["optional"] else "core"
+        print(f"  {e['exercise']:<{width}}  {e['status']:<4}  {kind:<8}  read {e['section']}")
+        if e["status"] not in (PASS, SKIP):
             for line in e["message"].splitlines()[:8]:
                 print(f"      {line}")
-    todo = sum(e["status"] == TODO for e in report["exercises"])
-    failed = len(report["exercises"]) - report["passed"] - todo
-    print(f"  total: {report['passed']}/{report['total']} passed, {failed} failed, {todo} TODO"
+    core = [e for e in report["exercises"] if not e["optional"]]
+    print(f"  total: {_counts(core, report['passed'], report['total'])}"
           f"  (lesson text: course/lessons/{lesson_file})")
+    optional = report["optional"]
+    if optional["total"] and optional["graded"]:
+        rows = [e for e in report["exercises"] if e["optional"]]
+        print(f"  optional: {_counts(rows, optional['passed'], optional['total'])} (never in the exit code)")
+    elif optional["total"]:
+        print(f"  optional: {optional['total']} extensions not graded; "
+              f"python -m course check {report['lesson']} --all grades them (never in the exit code)")
 
 
 def cmd_check(args) -> int:
@@ -73,7 +101,7 @@ def cmd_check(args) -> int:
     reports = []
     for impl in impls:
         try:
-            reports.append(grade_lesson(args.lesson, impl, args.impl_dir))
+            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all))
         except (ValueError, FileNotFoundError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -119,6 +147,12 @@ def cmd_mistakes(args) -> int:
     return 0
 
 
+def optional_note(lesson) -> str:
+    """Extensions score no notebook points; the syllabus says how many a lesson has."""
+    count = len(lesson.optional_exercises)
+    return f" (+{count} optional, 0 points)" if count else ""
+
+
 def syllabus_table() -> str:
     """The README's syllabus table: one row per lesson, every cell from its descriptor."""
     rows = ["| lesson | title | text | your file | check | tests | labs | notebook points |",
@@ -128,7 +162,8 @@ def syllabus_table() -> str:
         text = f"`course/lessons/{lesson.lesson_file}` ([中文](course/lessons/zh/{lesson.lesson_file}))"
         labs = ", ".join(f"`labs/{lab}`" for lab in lesson.labs) or "-"
         rows.append(f"| {lesson_id} | {lesson.title} | {text} | `impl/{lesson.module_file}` | "
-                    f"`python -m course check {lesson_id}` | `tests/{files['test'].name}` | {labs} | {lesson.points} |")
+                    f"`python -m course check {lesson_id}` | `tests/{files['test'].name}` | {labs} | "
+                    f"{lesson.points}{optional_note(lesson)} |")
     return "\n".join(rows)
 
 
@@ -171,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="which implementation to grade (default: student, i.e. impl/)")
     check.add_argument("--impl-dir", default=None, help="grade a directory laid out like impl/ instead")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
+    check.add_argument("--all", action="store_true",
+                       help="grade the optional extensions too (they never change the exit code)")
     check.set_defaults(func=cmd_check)
     align = sub.add_parser("align", help="print a lesson's alignment report and compare it with the reference's")
     align.add_argument("lesson", choices=sorted(LESSONS))

@@ -72,3 +72,79 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     ``epoch`` is outside ``[0, epochs)`` or ``start_step`` is outside ``[0, iters]``.
     """
     raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")
+
+
+# --- Extensions: fix upstream (optional; lesson 14 §10; graded by ``python -m course check 14 --all``) ---
+
+
+def accumulation_divisor(step: int, iters: int, accumulation_steps: int) -> int:
+    """TODO (lesson 14 §10.1, optional): the number micro-step ``step`` divides its loss by.
+
+    Upstream divides every micro-batch loss by K, also in an epoch's last, partial window of
+    r = iters % K micro-batches, so the tail update applies r/K times the mean of its gradients.
+    Return K (``accumulation_steps``) for a micro-step inside a full window and r for one in the last,
+    partial window (the last r micro-steps, ``step > iters - r``; windows count from micro-step 1 of the
+    epoch); when K divides ``iters`` there is no partial window and every micro-step returns K.
+    E.g. iters=6, K=4: steps 1..6 -> 4, 4, 4, 4, 2, 2; iters=3, K=8: 3, 3, 3.
+    ``step`` is 1-based. Raise ``ValueError`` naming the argument when ``accumulation_steps`` or
+    ``iters`` is <= 0, or ``step`` is outside ``[1, iters]``.
+    """
+    raise NotImplementedError("accumulation_divisor: TODO - see lesson 14 §10.1 (optional)")
+
+
+def lr_per_update(epoch: int, step: int, iters: int, epochs: int, accumulation_steps: int,
+                  base_lr: float) -> float:
+    """TODO (lesson 14 §10.2, optional): the lr of the optimizer update that micro-step ``step`` belongs to.
+
+    Upstream evaluates the cosine at every micro-step; the schedule here runs over optimizer updates:
+    with U = ceil(iters / K) updates per epoch (the last one may be a tail flush) and N = epochs * U
+    updates in all, micro-step ``step`` (1-based) of ``epoch`` (0-based) belongs to update
+    n = epoch * U + ceil(step / K) (1-based), and its lr is ``cosine_lr(n, N, base_lr)``, i.e.
+    ``base_lr * (0.1 + 0.45 * (1 + cos(pi * n / N)))``: the same for every micro-step of a window,
+    ending at 0.1 * base_lr on the last update. Raise ``ValueError`` naming the argument when
+    ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0, ``epoch`` is outside ``[0, epochs)`` or
+    ``step`` is outside ``[1, iters]``.
+    """
+    raise NotImplementedError("lr_per_update: TODO - see lesson 14 §10.2 (optional)")
+
+
+def update_cadence_due(step: int, iters: int, accumulation_steps: int, interval: int) -> bool:
+    """TODO (lesson 14 §10.2, optional): whether a log or a save counted in updates is due at ``step``.
+
+    Upstream logs and saves when ``step % interval == 0 or step == iters``, counting micro-steps, so a save
+    can fall inside a window whose gradients are not in the checkpoint. Count in updates instead: return
+    True when the 1-based micro-step ``step`` closes update n = step / K (``step % K == 0``) with
+    ``n % interval == 0``, and always at ``step == iters`` (the epoch's last update, a tail flush or a full
+    window); otherwise False. E.g. iters=10, K=2, interval=2: True at steps 4, 8 and 10.
+    Raise ``ValueError`` naming the argument when ``accumulation_steps``, ``iters`` or ``interval`` is <= 0,
+    or ``step`` is outside ``[1, iters]``.
+    """
+    raise NotImplementedError("update_cadence_due: TODO - see lesson 14 §10.2 (optional)")
+
+
+def adamw_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """TODO (lesson 14 §10.3, optional): AdamW parameter groups with no weight decay on norms and embeddings.
+
+    Upstream passes ``model.parameters()`` to AdamW, so every parameter gets the same decay. Return two
+    groups, ``[{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]``:
+    ``no_decay`` holds every parameter with fewer than 2 dimensions (norm weights, biases) and the weight
+    of every ``torch.nn.Embedding``; ``decay`` holds the other parameters. Skip parameters with
+    ``requires_grad=False``; keep ``model.named_parameters()`` order. Each parameter appears exactly once:
+    MiniMind ties ``lm_head.weight`` to ``model.embed_tokens.weight`` (the same ``Parameter``), and
+    ``named_parameters()`` yields it once. Raise ``ValueError`` naming ``weight_decay`` when it is
+    negative (or NaN).
+    """
+    raise NotImplementedError("adamw_param_groups: TODO - see lesson 14 §10.3 (optional)")
+
+
+def warmup_cosine_lr(current_step: int, total_steps: int, base_lr: float, warmup_steps: int) -> float:
+    """TODO (lesson 14 §10.4, optional): a linear warmup of W steps, then MiniMind's cosine.
+
+    With s = ``current_step``, T = ``total_steps``, W = ``warmup_steps``:
+    ``base_lr * s / W`` for s < W (0 at s = 0, rising linearly), then
+    ``cosine_lr(s - W, T - W, base_lr) = base_lr * (0.1 + 0.45 * (1 + cos(pi * (s - W) / (T - W))))``
+    for W <= s <= T: ``base_lr`` at s = W, ``0.1 * base_lr`` at s = T. W = 0 is ``cosine_lr`` itself.
+    Raise ``ValueError`` naming the argument when ``total_steps <= 0``, ``warmup_steps`` is outside
+    ``[0, total_steps)`` or ``current_step`` is outside ``[0, total_steps]``.
+    """
+    raise NotImplementedError("warmup_cosine_lr: TODO - see lesson 14 §10.4 (optional)")

@@ -32,11 +32,12 @@ def test_untouched_stubs_report_todo_and_exit_1(tmp_path):
 
 
 def test_reference_passes_and_json_is_machine_readable():
-    proc = course_cli("check", "14", "--impl", "reference", "--json")
+    proc = course_cli("check", "14", "--impl", "reference", "--json", "--all")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert (report["passed"], report["total"]) == (5, 5), report
     assert {e["status"] for e in report["exercises"]} == {"PASS"}
+    assert report["optional"] == {"graded": True, "passed": len(EXTENSIONS), "total": len(EXTENSIONS)}
 
 
 def test_impl_dir_grades_a_submission_with_a_mistake(tmp_path):
@@ -75,3 +76,51 @@ def test_align_prints_the_report_and_exits_by_alignment(tmp_path):
     assert proc.returncode == 1 and "alignment=TODO" in proc.stderr, proc.stdout + proc.stderr
     proc = course_cli("align", "15")
     assert proc.returncode == 2 and "no alignment report" in proc.stderr, proc.stderr
+
+
+# --- optional extensions (lesson 14 §10): graded only with --all, never in the exit code -----------------
+
+EXTENSIONS = ("accumulation_divisor", "lr_per_update", "update_cadence_due", "adamw_param_groups", "warmup_cosine_lr")
+
+
+def test_extensions_are_marked_optional_and_graded_only_with_all(tmp_path):
+    """A submission with every core exercise right and a failing extension (upstream's tail divided by K) whose
+    accumulation_divisor also leaves a mark when it is called: without --all the extension is reported SKIP
+    and never called, exit 0; with --all it FAILs and the exit code is still 0."""
+    mistake = next(m for m in get_lesson("14").mistakes if m.name == "tail_still_divided_by_k")
+    marker = tmp_path / "accumulation_divisor_called"
+    called = f"    open({str(marker)!r}, 'a').close()\n    tail = iters % accumulation_steps"
+    submission = tmp_path / "bob"
+    shutil.copytree(STUDENT_DIR, submission)
+    (submission / "train_loop.py").write_text(
+        mistake.source().replace("    tail = iters % accumulation_steps", called, 1), encoding="utf-8")
+
+    proc = course_cli("check", "14", "--impl-dir", str(submission), "--json")
+    assert proc.returncode == 0, f"ACTUAL exit {proc.returncode}, EXPECTED 0\n{proc.stdout}{proc.stderr}"
+    report = json.loads(proc.stdout)
+    kinds = {e["exercise"]: e["optional"] for e in report["exercises"]}
+    assert all(kinds[name] for name in EXTENSIONS) and not kinds["train_one_epoch"], kinds
+    skipped = {e["exercise"]: (e["status"], e["checks"]) for e in report["exercises"] if e["optional"]}
+    assert skipped == {name: ("SKIP", []) for name in EXTENSIONS}, skipped
+    assert report["optional"] == {"graded": False, "passed": 0, "total": len(EXTENSIONS)}, report["optional"]
+    assert not marker.exists(), "without --all an extension's checks must not run"
+
+    proc = course_cli("check", "14", "--impl-dir", str(submission), "--json", "--all")
+    assert proc.returncode == 0, f"a failing extension must not change the exit code: ACTUAL {proc.returncode}"
+    report = json.loads(proc.stdout)
+    statuses = {e["exercise"]: e["status"] for e in report["exercises"]}
+    assert statuses["accumulation_divisor"] == "FAIL" and statuses["warmup_cosine_lr"] == "PASS", statuses
+    assert (report["passed"], report["total"]) == (len(get_lesson("14").core_exercises),) * 2, report
+    assert report["optional"] == {"graded": True, "passed": len(EXTENSIONS) - 1, "total": len(EXTENSIONS)}
+    assert marker.exists(), "with --all the extension's checks run"
+
+
+def test_table_marks_core_and_optional_and_a_failing_core_exercise_exits_1(tmp_path):
+    """Untouched stubs under --all: every row says core or optional, extensions are TODO (graded), exit 1 from
+    the core exercises alone."""
+    proc = course_cli("check", "14", "--impl-dir", str(untouched_impl(tmp_path / "impl")), "--all")
+    assert proc.returncode == 1, f"ACTUAL exit {proc.returncode}, EXPECTED 1\n{proc.stdout}{proc.stderr}"
+    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines() if ln.startswith("  ") and "read 14" in ln}
+    assert {name: rows[name][1:3] for name in EXTENSIONS} == {name: ["TODO", "optional"] for name in EXTENSIONS}, rows
+    assert rows["cosine_lr"][1:3] == ["TODO", "core"], rows["cosine_lr"]
+    assert f"optional: 0/{len(EXTENSIONS)} passed, 0 failed, {len(EXTENSIONS)} TODO" in proc.stdout, proc.stdout

@@ -78,8 +78,11 @@ def test_grade_cells_run_every_check_of_the_lesson(lesson, course_dir):
     called: dict[str, list[str]] = {}
     for cell in source.cells:
         meta = cell.metadata.get("nbgrader", {})
-        if meta.get("grade"):
-            assert meta.get("points", 0) > 0, f"grade cell {meta['grade_id']} states no points"
+        optional = meta.get("grade_id", "").startswith("check_")   # an extension's check cell: no points
+        if optional:
+            assert meta.get("locked") and not meta.get("grade") and "points" not in meta, meta
+        if meta.get("grade") or optional:
+            assert optional or meta.get("points", 0) > 0, f"grade cell {meta['grade_id']} states no points"
             names = checks_called(cell.source)
             exercises = {c.exercise for c in lesson.checks if c.name in names}
             assert len(exercises) == 1, f"grade cell {meta['grade_id']} mixes exercises {sorted(exercises)}"
@@ -92,8 +95,8 @@ def test_grade_cells_run_every_check_of_the_lesson(lesson, course_dir):
     solution_ids = [c.metadata["nbgrader"]["grade_id"] for c in source.cells
                     if c.metadata.get("nbgrader", {}).get("solution")]
     assert solution_ids == [e.name for e in lesson.exercises], "one solution cell per exercise, in order"
-    expected_points = {f"test_{e.name}": e.points for e in lesson.exercises}
-    expected_points.update({f"hidden_{e.name}": e.hidden_points for e in lesson.exercises if e.hidden_points})
+    expected_points = {f"test_{e.name}": e.points for e in lesson.core_exercises}
+    expected_points.update({f"hidden_{e.name}": e.hidden_points for e in lesson.core_exercises if e.hidden_points})
     expect_equal("points per grade cell (from the descriptor's exercises)", grade_cells(source), expected_points)
     expect_equal("the notebook's total points", sum(grade_cells(source).values()), lesson.points)
 
@@ -201,6 +204,16 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, c
         "untouched": release,
         "mistake": submission(release, mistaken, broken_cells),
     }
+    if lesson.optional_exercises:
+        # Core exercises solved, extensions left as released: their check cells fail, the score stays full.
+        core_only = submission(release, solved)
+        optional = {e.name for e in lesson.optional_exercises}
+        released = {c.metadata["nbgrader"]["grade_id"]: c.source for c in release.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") in optional}
+        for cell in core_only.cells:
+            if cell.metadata.get("nbgrader", {}).get("grade_id") in optional:
+                cell.source = released[cell.metadata["nbgrader"]["grade_id"]]
+        students["core_only"] = core_only
     for student, nb in students.items():
         path = course_dir / "submitted" / student / lesson.name / f"{lesson.name}.ipynb"
         path.parent.mkdir(parents=True)
@@ -217,6 +230,8 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, c
         "untouched": {cell: 0 for cell in points},
         "mistake": {cell: 0 if cell == failing else p for cell, p in points.items()},
     }
+    if "core_only" in students:
+        expected["core_only"] = points
     with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
         for student, want in expected.items():
             graded = gradebook.find_submission_notebook(lesson.name, lesson.name, student)
@@ -235,6 +250,13 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, c
                     if row["assignment"] == lesson.name}
     want = {student: float(sum(cells.values())) for student, cells in expected.items()}
     assert exported == want, f"grades.csv totals\n  ACTUAL:   {exported}\n  EXPECTED: {want}"
+    if "core_only" in students:
+        graded_nb = read(course_dir / "autograded" / "core_only" / lesson.name / f"{lesson.name}.ipynb")
+        failed = {c.metadata["nbgrader"]["grade_id"] for c in graded_nb.cells
+                  if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("check_")
+                  and any(o.output_type == "error" for o in c.get("outputs", []))}
+        assert failed == {f"check_{e.name}" for e in lesson.optional_exercises}, (
+            f"unsolved extensions' check cells should fail (and score nothing): {sorted(failed)}")
     if broken_cells:
         broken = read(course_dir / "autograded" / "mistake" / lesson.name / f"{lesson.name}.ipynb")
         errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]

@@ -10,7 +10,9 @@ generated from the lesson's descriptor (``course/checks/lessonNN.py``):
 * after it come its grade cells: ``test_NAME`` runs the exercise's visible checks for
   ``Exercise.points``, ``hidden_NAME`` its hidden checks for ``Exercise.hidden_points`` (between
   ``### BEGIN/END HIDDEN TESTS``, after one visible check so that the release fails it too). A grade
-  cell whose checks call other exercises (``uses``) waits until those exercises are defined.
+  cell whose checks call other exercises (``uses``) waits until those exercises are defined. An
+  optional exercise (an extension) gets one locked, ungraded cell ``check_NAME`` instead: it runs the
+  checks and shows PASS / FAIL but scores nothing.
 
     python -m course release            # every lesson: notebooks/source/ and notebooks/release/
 
@@ -223,6 +225,9 @@ def grade_cells(lesson: Lesson) -> list[tuple[set, str, str, int]]:
     for exercise in lesson.exercises:
         mine = [c for c in lesson.checks if c.exercise == exercise.name]
         visible, hidden = [c for c in mine if not c.hidden], [c for c in mine if c.hidden]
+        if exercise.optional:
+            cells.append(optional_check_cell(lesson, exercise.name, mine))
+            continue
         if not visible or exercise.points < 1:
             raise ValueError(f"lesson {lesson.lesson_id}: exercise {exercise.name} needs a visible check and "
                              f"points >= 1 (has {len(visible)} visible checks, points={exercise.points})")
@@ -243,6 +248,19 @@ def grade_cells(lesson: Lesson) -> list[tuple[set, str, str, int]]:
                 _run_checks(lesson.lesson_id, [c.name for c in hidden]), "### END HIDDEN TESTS"])
             cells.append((needs, f"hidden_{exercise.name}", source, exercise.hidden_points))
     return cells
+
+
+def optional_check_cell(lesson: Lesson, exercise: str, checks) -> tuple[set, str, str, int]:
+    """An extension's cell ``check_NAME``: locked, not graded (0 points; nbgrader has no optional points, and
+    ``validate`` fails a 0-point grade cell that errors), running every check of the exercise so the student
+    and the feedback see PASS / FAIL. Hidden checks would be pointless here: nothing is scored."""
+    if not checks or any(c.hidden for c in checks):
+        raise ValueError(f"lesson {lesson.lesson_id}: optional exercise {exercise} needs visible checks only "
+                         f"(has {len(checks)}, hidden: {[c.name for c in checks if c.hidden]})")
+    source = "\n".join([_comment(f"Optional, not scored (python -m course check {lesson.lesson_id} --all grades it "
+                                  f"too): {_summary(checks)}"),
+                         _run_checks(lesson.lesson_id, [c.name for c in checks])])
+    return {exercise, *(u for c in checks for u in c.uses)}, f"check_{exercise}", source, 0
 
 
 # --- building the nbgrader source notebook -----------------------------------------------------

@@ -41,6 +41,7 @@ class Exercise:
     section: str            # where the lesson explains it, e.g. "14 §5.1"
     points: int = 1         # notebook points of its visible grade cell
     hidden_points: int = 0  # notebook points of its hidden grade cell (0: the exercise has no hidden checks)
+    optional: bool = False  # an extension: graded only with ``check --all``, never in the exit code or the points
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,16 @@ class Lesson:
 
     @property
     def points(self) -> int:
-        """Notebook points of the whole lesson."""
-        return sum(e.points + e.hidden_points for e in self.exercises)
+        """Notebook points of the whole lesson: its core exercises (extensions score none)."""
+        return sum(e.points + e.hidden_points for e in self.exercises if not e.optional)
+
+    @property
+    def core_exercises(self) -> list[Exercise]:
+        return [e for e in self.exercises if not e.optional]
+
+    @property
+    def optional_exercises(self) -> list[Exercise]:
+        return [e for e in self.exercises if e.optional]
 
 
 @dataclass

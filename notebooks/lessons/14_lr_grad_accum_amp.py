@@ -259,3 +259,49 @@ ax.set(xlabel="optimizer step", ylabel="global L2 norm of the gradients",
        title="clip_grad_norm_: norms above grad_clip are scaled down to it")
 ax.legend(fontsize=8)
 show_and_save(fig, "14_grad_clipping")
+
+# %% [markdown]
+# ## Extensions: fix upstream (optional, lesson 14 §10)
+#
+# Four places where upstream MiniMind's loop could be better. They are **optional**: their cells below
+# check your code and print PASS / FAIL but score **no points** (the grade is the exercises above).
+# `python -m course check 14 --all` grades the same functions in `impl/train_loop.py`, and
+# `python labs/lesson14_fix_upstream.py --impl student` draws each one next to upstream's behaviour.
+# An extension you skip only makes its own check cell fail.
+#
+# ### 10.1 — divide the tail by its real size r
+#
+# Upstream divides every micro-batch by K, also the r = iters % K micro-batches of an epoch's last,
+# partial window: that update applies only r/K of their mean gradient.
+
+# %%
+# exercise: accumulation_divisor
+
+# %% [markdown]
+# ### 10.2 — the lr per optimizer update, and log/save cadence in updates
+#
+# One lr per update (constant within a window), from the update's number over the total number of updates;
+# a log or a save counted in updates never falls inside a window whose gradients are still pending.
+
+# %%
+# exercise: lr_per_update
+
+# %%
+# exercise: update_cadence_due
+
+# %% [markdown]
+# ### 10.3 — no weight decay on norms and embeddings
+#
+# Upstream hands `model.parameters()` to AdamW: its decay also pulls RMSNorm weights and the (tied)
+# embedding towards 0.
+
+# %%
+# exercise: adamw_param_groups
+
+# %% [markdown]
+# ### 10.4 — linear warmup before the cosine
+#
+# MiniMind's schedule starts at the full `base_lr`; a warmup ramps it up from 0 over the first W steps.
+
+# %%
+# exercise: warmup_cosine_lr
