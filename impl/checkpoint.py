@@ -23,6 +23,8 @@ class SkipBatchSampler(Sampler):
     iterate ``indices`` in order, group them into lists of ``batch_size``, drop the first
     ``skip_batches`` full batches, keep the final partial batch; ``len = ceil(N / batch_size) - skip_batches``.
     Example: ``SkipBatchSampler(range(10), 3, 2)`` yields ``[6, 7, 8]`` then ``[9]``.
+    It is passed to ``DataLoader(dataset, batch_sampler=...)``: implement ``__iter__`` (yield each batch
+    as a list of indices, in the order of ``indices``; iterating twice gives the same batches) and ``__len__``.
     Raise ``ValueError`` naming the argument when ``batch_size < 1`` or ``skip_batches`` is outside
     ``[0, ceil(N / batch_size)]`` (upstream silently yields nothing).
     """
@@ -47,10 +49,15 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
     other ranks validate the same way and return without writing.
     Create the parent directory. Write to a temporary file in the SAME directory as ``path``, flush and
     ``os.fsync`` it, then ``os.replace`` it onto ``path``; on any error remove the temporary file and
-    re-raise, leaving an existing ``path`` untouched.
-    Raise ``ValueError`` naming ``epoch``/``step`` when negative, and naming ``accumulation`` when the
-    model still holds non-zero gradients (a save in the middle of an accumulation window; gradients
-    that are all zero, e.g. after ``zero_grad(set_to_none=False)``, are not pending).
+    re-raise, leaving an existing ``path`` untouched. After a save the directory holds ``path`` and no
+    temporary file. Call ``torch.save``, ``os.fsync`` and ``os.replace`` through their modules (not
+    ``from torch import save``, not ``shutil.move``): the hidden checks replace ``torch.save`` to simulate a
+    crash halfway through, and watch that ``os.fsync`` comes before the one ``os.replace`` onto ``path``.
+    Saved tensors keep their dtype and values exactly (fp32 stays fp32; ``detach().cpu()`` is fine).
+    Before writing anything, raise ``ValueError`` naming ``epoch``/``step`` when it is not an int >= 0, and
+    naming ``accumulation`` when any parameter of the model still holds a non-zero gradient (a save in
+    the middle of an accumulation window; a ``grad`` of None, or one that is all zeros, e.g. after
+    ``zero_grad(set_to_none=False)``, is not pending).
     """
     raise NotImplementedError("save_checkpoint: TODO - see lesson 15 §5.2 (aligns with lm_checkpoint)")
 
@@ -63,8 +70,8 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     Validate everything BEFORE the first ``load_state_dict``, so a refused file leaves ``model``,
     ``optimizer`` and ``scaler`` exactly as they were. Validating needs no loading: compare the dict
     with ``model.state_dict()``, ``model.config``, ``optimizer.param_groups`` and ``scaler.is_enabled()``.
-    A missing file raises ``FileNotFoundError`` naming the path. Everything else raises ``ValueError``
-    whose message names the path and the offending key:
+    A missing file raises ``FileNotFoundError`` whose message contains ``str(path)``. Everything else raises
+    ``ValueError`` whose message contains ``str(path)`` and names the offending key:
     - unreadable (truncated, not a ``torch.save`` file, or an object ``weights_only`` refuses) or not a dict;
     - a missing key of ``model``, ``optimizer``, ``scaler``, ``epoch``, ``step``, ``world_size`` (name it);
       ``epoch``/``step`` not ints >= 0, ``world_size`` not an int >= 1 (name the key);
@@ -75,10 +82,14 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     - (``optimizer`` given) a different number of param groups or of parameters, param groups with other
       hyper-parameter keys (another optimizer type), or a state tensor (dim > 0) shaped unlike its
       parameter: name ``optimizer``;
-    - (``scaler`` given and enabled) an empty saved scaler state (a disabled GradScaler saves ``{}``;
+    - (``scaler`` given and enabled) an empty or None saved scaler state (a disabled GradScaler saves ``{}``;
       torch would raise only inside ``scaler.load_state_dict``, after the model changed): name ``scaler``.
+    Then load ``model``, ``optimizer`` (if given) and ``scaler`` (if given, and only when the saved scaler
+    state is non-empty: ``load_state_dict({})`` raises, and a run without fp16 saves ``{}``).
     ``world_size`` (None: the current process group, else 1): when it differs from the saved one,
-    return ``step * saved_world_size // world_size`` as ``step`` (upstream's rescale).
+    return ``step * saved_world_size // world_size`` as ``step`` (upstream's rescale; e.g. step 2 saved by
+    2 ranks loads as 4 on 1 rank, 1 on 3 ranks). Return the loaded dict itself: every saved key, extras such
+    as ``batch_size_semantics`` included, with ``step`` rescaled.
     """
     raise NotImplementedError("load_checkpoint: TODO - see lesson 15 §5.3 (aligns with lm_checkpoint)")
 

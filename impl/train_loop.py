@@ -12,11 +12,17 @@ import torch
 
 
 def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
-    """TODO (lesson 14 §5.1): MiniMind's cosine schedule, from base_lr down to 0.1 * base_lr.
+    """TODO (lesson 14 §5.1): MiniMind's cosine schedule, from base_lr at s = 0 to 0.1 * base_lr at s = T.
 
     Aligns with ``course/minimind/trainer_utils.py::get_lr`` (upstream ``trainer/trainer_utils.py``).
-    Raise ``ValueError`` naming the argument when ``total_steps <= 0`` or ``current_step`` is
-    outside ``[0, total_steps]``.
+    With s = ``current_step`` and T = ``total_steps``, return, as a Python float:
+
+        base_lr * (0.1 + 0.45 * (1 + cos(pi * s / T)))
+
+    so 1.0 * base_lr at s = 0, 0.55 * base_lr at s = T / 2, 0.1 * base_lr at s = T: no warmup, no decay
+    to 0. Graded against get_lr to a relative 1e-12; write the formula yourself (do not import get_lr).
+    Argument rules (lesson 14 §5.7), checked first: ``ValueError`` naming ``total_steps`` when
+    ``total_steps <= 0``; naming ``current_step`` when it is outside ``[0, total_steps]`` (both ends valid).
     """
     raise NotImplementedError("cosine_lr: TODO - see lesson 14 §5.1 (aligns with get_lr)")
 
@@ -25,7 +31,10 @@ def scale_loss_for_accumulation(loss: torch.Tensor, accumulation_steps: int) -> 
     """TODO (lesson 14 §5.2): the loss each micro-step backpropagates, L / K.
 
     Aligns with the ``loss / args.accumulation_steps`` line of ``course/minimind/train_pretrain.py::train_epoch``.
-    Raise ``ValueError`` naming ``accumulation_steps`` when it is <= 0.
+    Return ``loss / accumulation_steps`` as a tensor that stays in the autograd graph: backpropagating it
+    must give d(result)/d(loss) = 1 / K. No ``.item()``, no ``.detach()``, no new tensor built from the value.
+    Example: ``scale_loss_for_accumulation(torch.tensor(8.0), 4)`` is ``tensor(2.)``.
+    Argument rules (lesson 14 §5.7): ``ValueError`` naming ``accumulation_steps`` when it is <= 0.
     """
     raise NotImplementedError("scale_loss_for_accumulation: TODO - see lesson 14 §5.2")
 
@@ -33,8 +42,11 @@ def scale_loss_for_accumulation(loss: torch.Tensor, accumulation_steps: int) -> 
 def should_step_optimizer(step: int, accumulation_steps: int) -> bool:
     """TODO (lesson 14 §5.3): True when 1-based micro-step ``step`` closes an accumulation window.
 
-    Aligns with ``if step % args.accumulation_steps == 0`` in ``train_epoch``.
-    Raise ``ValueError`` naming the argument when ``accumulation_steps <= 0`` or ``step <= 0``.
+    Aligns with ``if step % args.accumulation_steps == 0`` in ``train_epoch``: True iff
+    ``step % accumulation_steps == 0``. Micro-steps count from 1, so with K = 4 the optimizer steps at
+    4, 8, 12, ...; with K = 1 at every micro-step.
+    Argument rules (lesson 14 §5.7): ``ValueError`` naming ``accumulation_steps`` when it is <= 0, and
+    naming ``step`` when ``step <= 0`` (a 0-based counter is a bug, not an input).
     """
     raise NotImplementedError("should_step_optimizer: TODO - see lesson 14 §5.3")
 
@@ -45,9 +57,11 @@ def should_flush_tail(last_step: int, start_step: int, accumulation_steps: int) 
     Aligns with the tail-flush condition after the loop in ``train_epoch``: flush iff
     ``last_step > start_step`` (a resume at ``start_step == last_step`` ran nothing, whatever
     ``last_step % K`` is) and ``last_step % accumulation_steps != 0`` (windows count from micro-step 1
-    of the epoch, not from ``start_step``).
-    Raise ``ValueError`` naming the argument when ``accumulation_steps <= 0``, ``start_step < 0``
-    or ``last_step < start_step``.
+    of the epoch, not from ``start_step``). Examples (last_step, start_step, K): (10, 0, 4) True;
+    (8, 0, 4) False; (0, 0, 4) False; (10, 8, 4) True; (12, 9, 4) False; (6, 6, 4) False.
+    Argument rules (lesson 14 §5.7), checked in this order: ``ValueError`` naming ``accumulation_steps``
+    when it is <= 0, naming ``start_step`` when ``start_step < 0``, naming ``last_step`` when
+    ``last_step < start_step``.
     """
     raise NotImplementedError("should_flush_tail: TODO - see lesson 14 §5.4")
 
@@ -57,19 +71,49 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
                     start_step=0) -> list[dict]:
     """TODO (lesson 14 §5.5): one epoch of MiniMind's pretrain loop, without logging/saving/DDP.
 
-    Aligns with ``course/minimind/train_pretrain.py::train_epoch``. Use the four functions above.
-    Set the lr in EVERY ``optimizer.param_groups`` entry at every micro-step.
-    Return one dict per micro-step with ``step``, ``lr``, ``loss`` (unscaled, aux included),
-    ``aux_loss``, ``update_closed`` (bool: this micro-step closed an accumulation window, i.e. the
-    optimizer was asked to step, including the tail flush), ``overflow_skipped`` (bool: True iff an
-    enabled GradScaler found inf/NaN gradients and skipped ``optimizer.step`` there; its ``update()``
-    then lowers the scale, so compare ``scaler.get_scale()`` before and after), ``grad_norm``
-    (pre-clip norm where an update closed, else None) and ``tail_flush`` (True on the micro-step whose
-    window the tail flush closed). An epoch that runs no micro-step (a resume at ``start_step == iters``)
-    returns ``[]`` and changes nothing. ``scaler=None`` means a disabled ``torch.amp.GradScaler``
-    (it never skips); ``autocast_ctx=None`` means ``nullcontext()``. Before any work, raise
-    ``ValueError`` naming the argument when ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0,
-    ``epoch`` is outside ``[0, epochs)`` or ``start_step`` is outside ``[0, iters]``.
+    Aligns with ``course/minimind/train_pretrain.py::train_epoch``; build it from the four functions
+    above. Graded against that oracle: records, final parameters, AdamW state and GradScaler scale.
+
+    Arguments: ``loader`` is any iterable of ``(input_ids, labels)`` pairs (the checks pass a list; do
+    not call ``len(loader)``). ``epoch`` is 0-based, ``epochs`` the run's total, ``iters`` the micro-batches
+    of a FULL epoch (also on a resume, when the loader yields only the remaining ones). ``start_step``
+    is the number of micro-steps of this epoch done before a resume. ``scaler=None`` means a DISABLED
+    ``torch.amp.GradScaler(torch.device(device).type, enabled=False)`` (it never skips a step);
+    ``autocast_ctx=None`` means ``nullcontext()``.
+
+    Requirements:
+    - Step numbering: micro-steps are 1-based and continue after a resume; the first batch of this call
+      is micro-step ``step = start_step + 1``. The lr uses the GLOBAL micro-step:
+      ``cosine_lr(epoch * iters + step, epochs * iters, base_lr)``.
+    - At EVERY micro-step, before the forward, write that lr into EVERY ``optimizer.param_groups`` entry
+      (writing it only at boundaries leaves a stale lr for the tail flush).
+    - Move ``input_ids`` and ``labels`` to ``device``. Inside ``autocast_ctx``:
+      ``out = model(input_ids, labels=labels)``; loss = ``out.loss + out.aux_loss`` (always both terms);
+      scaled = ``scale_loss_for_accumulation(loss, accumulation_steps)``. Then
+      ``scaler.scale(scaled).backward()``. Gradients add up over a window: never clear them in between.
+    - When ``should_step_optimizer(step, accumulation_steps)``, run the update in this order:
+      ``scaler.unscale_(optimizer)``; ``grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+      grad_clip)`` (the pre-clip norm); ``scaler.step(optimizer)``; ``scaler.update()``;
+      ``optimizer.zero_grad(set_to_none=True)``. Unscale BEFORE clip, or the clip sees scale x gradient.
+      The GradScaler skipped the step (inf/NaN gradients) exactly when ``update()`` lowered its scale:
+      compare ``scaler.get_scale()`` before and after (only when ``scaler.is_enabled()``).
+    - After the loop, if ``should_flush_tail(last_step, start_step, accumulation_steps)`` (``last_step`` =
+      the last micro-step this call ran, ``start_step`` if none), run the same update once more.
+
+    Return one dict per micro-step, in order, with keys ``step`` (1-based), ``lr`` (the lr used at that
+    micro-step), ``loss`` (UNSCALED, aux included: ``out.loss + out.aux_loss``, not divided by K),
+    ``aux_loss`` (``out.aux_loss``), ``update_closed`` (bool: this micro-step closed an accumulation window,
+    i.e. the optimizer was asked to step, including the tail flush and a skipped step),
+    ``overflow_skipped`` (bool: True iff an enabled GradScaler skipped ``optimizer.step`` there),
+    ``grad_norm`` (the pre-clip norm where ``update_closed``, ``inf`` for an overflow, else None) and
+    ``tail_flush`` (True only on the last record, when the tail flush closed its window). Values may be
+    Python floats or 0-dim tensors; keep detached tensors during the epoch and convert once at the end
+    (no ``.item()`` per micro-step). An epoch that runs no micro-step (a resume at ``start_step == iters``)
+    returns ``[]`` and changes nothing.
+
+    Argument rules (lesson 14 §5.7), all checked before any work: ``ValueError`` naming the argument when
+    ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0, ``epoch`` is outside ``[0, epochs)`` or
+    ``start_step`` is outside ``[0, iters]``.
     """
     raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")
 

@@ -22,7 +22,8 @@ def count_loss_units(labels: torch.Tensor) -> int:
     """TODO (lesson 16 §4.1): the number of targets the model's loss averages over, as a Python int.
 
     Aligns with the shift in ``course/minimind/model.py::MiniMindForCausalLM.forward``
-    (``labels[:, 1:]``, ``ignore_index=-100``); works for ``[seq]`` and ``[batch, seq]``.
+    (``labels[:, 1:]``, ``ignore_index=-100``): count ``labels[..., 1:] != -100``, so position 0 is never
+    a target; works for ``[seq]`` and ``[batch, seq]``. Example: ``[[5, 6, -100, -100], [-100, 7, 8, 9]]`` -> 4.
     Raise ``ValueError`` naming ``labels`` for a 0-dim input or a non-integer dtype.
     """
     raise NotImplementedError("count_loss_units: TODO - see lesson 16 §4.1")
@@ -31,8 +32,8 @@ def count_loss_units(labels: torch.Tensor) -> int:
 def split_global_batch(samples, global_batch_size: int, grad_accum_steps: int) -> list[list]:
     """TODO (lesson 16 §4.2): cut one global batch into micro-batches of global // accum samples.
 
-    Keep the order. A short final global batch is split over what remains (the last micro-batch
-    may be smaller). Raise ``ValueError`` naming the argument when ``global_batch_size`` or
+    Keep the order; return a list of lists. A short final global batch is split over what remains (the
+    last micro-batch may be smaller): 5 samples, global 8, accum 4 -> ``[[0, 1], [2, 3], [4]]``. Raise ``ValueError`` naming the argument when ``global_batch_size`` or
     ``grad_accum_steps`` is < 1, when ``global_batch_size % grad_accum_steps != 0`` (name
     ``grad_accum_steps``), or when ``samples`` is empty or longer than ``global_batch_size``.
     """
@@ -59,21 +60,33 @@ class TrainingSession:
       ``torch.amp.GradScaler`` for the model's device; ``autocast=None`` means ``nullcontext()``.
     * attributes ``optimizer_step`` (updates done), ``microsteps_accumulated``, ``accumulation_valid``.
     * ``train_step(batch, options, step_fn) -> TrainingStepReport``: ``ValueError`` naming
-      ``normalization_units`` if it is < 1 or changes inside an update; set ``options.lr`` if given,
-      in EVERY param group; run ``step_fn(model, batch)`` under autocast; backward ``loss *
-      gradient_units / normalization_units`` through the scaler; keep ``loss_sum`` on the device (no
-      ``.item()``). The update closes on ``force_update`` or at the K-th micro-step:
-      ``before_update()`` True -> discard the gradients, report ``aborted``; else unscale, clip with
-      ``clip_grad_norm_(params, clip_grad_norm)`` if ``clip_grad_norm > 0`` (report its pre-clip norm
-      as ``grad_norm``; ``grad_norm`` is ``None`` when clipping is off), scaler step + update,
-      ``after_update()`` only if the optimizer step ran (never on a scaler-skipped update),
-      zero_grad; report ``overflow_skipped`` when the scaler skipped (``optimizer_step`` does not
-      advance). The report that closes an update carries the update's ``microsteps_accumulated``
-      (e.g. 2 for a tail of 2), its ``loss_sum`` and ``loss_units``; the session's own counter is 0
-      again. If the model has ``no_sync`` (DDP), run the non-closing micro-steps inside it.
+      ``normalization_units`` if it is < 1 or changes inside an update (nothing is updated); set
+      ``options.lr`` if given, in EVERY param group; run ``output = step_fn(model, batch)`` under autocast
+      (a ``TrainingStepOutput``); backward ``output.loss * output.gradient_units / normalization_units``
+      through ``scaler.scale(...)``; add ``output.loss_sum.detach()`` (when not None) and
+      ``output.loss_units`` to the update's totals. On a micro-step that does not close the update, convert
+      no tensor to the host: no ``.item()``, ``float(t)``, ``int(t)``, ``bool(t)`` (an ``if`` on a tensor) or
+      ``.tolist()``. This micro-step closes the update when ``options.force_update`` is set or it is the
+      K-th micro-step of the update. A non-closing micro-step returns
+      ``TrainingStepReport(parameters_updated=False, optimizer_step=<unchanged>,
+      microsteps_accumulated=<micro-steps so far, this one included>)`` (``loss_sum`` None, ``loss_units`` 0).
+      A closing one, in this order: ``before_update()`` True -> ``reset_accumulation()`` (gradients and
+      counters dropped, no step) and report ``aborted=True``; else ``scaler.unscale_``, clip with
+      ``clip_grad_norm_(model.parameters(), clip_grad_norm)`` if ``clip_grad_norm > 0`` (report its pre-clip
+      norm as ``grad_norm``; ``grad_norm`` is ``None`` when clipping is off), ``scaler.step``,
+      ``scaler.update``; the scaler skipped the step (inf/NaN) exactly when ``update()`` lowered its scale
+      (compare ``scaler.get_scale()`` before and after, when enabled). If it stepped: ``optimizer_step += 1``
+      and ``after_update()`` (it sees the new parameters and the gradients still in place); never on a
+      skipped update. Then ``optimizer.zero_grad(set_to_none=True)``. Report ``parameters_updated`` (it
+      stepped), ``overflow_skipped`` (it skipped; ``optimizer_step`` does not advance), the new
+      ``optimizer_step``, the update's ``microsteps_accumulated`` (e.g. 2 for a tail of 2), its ``loss_sum``
+      (still a device tensor) and ``loss_units``; the session's own counters are 0 again. If the model has
+      ``no_sync`` (DDP), run the forward and backward of every non-closing micro-step inside ``model.no_sync()``.
     * any exception inside ``train_step`` - in ``step_fn``, in backward, in ``before_update`` or
-      ``after_update``, anywhere - makes every later call raise ``AccumulationInvalidError`` (its
-      message names ``reset_accumulation()``) until ``reset_accumulation()`` (which drops the gradients).
+      ``after_update``, anywhere - propagates unchanged and makes every later call raise
+      ``AccumulationInvalidError`` (its message names ``reset_accumulation()``) until ``reset_accumulation()``,
+      which drops the gradients (``zero_grad(set_to_none=True)``) and the pending counters and totals, and
+      accepts micro-steps again.
     * ``state() -> TrainingSessionState``: the lr of param group 0 as it is now, ``optimizer_step``,
       ``microsteps_accumulated``, the pending ``loss_sum`` / ``loss_units``, ``accumulation_valid``.
     * ``load_state(state)``: only at an update boundary. If ``state.microsteps_accumulated`` or the

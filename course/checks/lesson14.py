@@ -47,7 +47,7 @@ LESSON = Lesson(
         Exercise("should_flush_tail", "14 §5.4", points=1, hidden_points=1),
         Exercise("train_one_epoch", "14 §5.5", points=3, hidden_points=2),
     ],
-    labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "bench_lesson14_grader.py",
+    labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "lesson14_predictions.py", "bench_lesson14_grader.py",
           "bench_lesson14_streaming.py"),
     notebook_mistake="clip_before_unscale",
     report=mechanics_report,
