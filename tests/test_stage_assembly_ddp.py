@@ -37,19 +37,20 @@ PER_RANK_BATCH, WORLD_SIZE, STOP_AFTER = 4, 2, 9
 # training on its own gradients, or epoch 2 in epoch 1's order, moves weights by about lr = 5e-3.
 ATOL, RTOL = 2e-5, 1e-4
 
-# Runs the stage under torchrun and records, per rank, every call that writes a file.
+# Runs the stage under torchrun and records, per rank, every call that writes a file and every no_sync().
 DRIVER = textwrap.dedent('''
     import os, sys
     from pathlib import Path
     import torch
+    from torch.nn.parallel import DistributedDataParallel
     from course.implementations import REPO_ROOT, load_module
 
-    writes = Path(os.environ["WRITES_LOG"] + os.environ["RANK"])
+    calls = Path(os.environ["CALLS_LOG"] + os.environ["RANK"])
 
     def spy(owner, name, target_of):
         real = getattr(owner, name)
         def recording(*args, **kwargs):
-            with open(writes, "a") as out:
+            with open(calls, "a") as out:
                 out.write(f"{name} {target_of(args)}\\n")
             return real(*args, **kwargs)
         setattr(owner, name, recording)
@@ -59,6 +60,7 @@ DRIVER = textwrap.dedent('''
     spy(os, "replace", lambda args: args[1])   # an atomic save's rename onto the target
     spy(Path, "write_text", lambda args: args[0])
     spy(stage, "plot_losses", lambda args: args[2])
+    spy(DistributedDataParallel, "no_sync", lambda args: "")
     sys.exit(stage.main(sys.argv[1:]))
 ''')
 
@@ -68,7 +70,7 @@ def torchrun(tmp_path, *argv):
     driver.write_text(DRIVER)
     # --standalone: a local rendezvous on a free port; OMP_NUM_THREADS=1 (torchrun's default for several
     # processes, which it otherwise announces on stderr)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", WRITES_LOG=str(tmp_path / "writes_rank"))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", CALLS_LOG=str(tmp_path / "calls_rank"))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                            str(WORLD_SIZE), str(driver), *RUN, "--batch_size", str(PER_RANK_BATCH), *argv],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -105,8 +107,7 @@ def runs(tmp_path_factory):
         ddp_metrics=json.loads((ddp_out / "resumed.json").read_text()),
         single_metrics=json.loads((single_out / "m.json").read_text()),
         ddp_checkpoint=ddp_checkpoint, stdout=stopped + finished, resumed_code=resumed_code, resumed=resumed,
-        writes={rank: (tmp_path / f"writes_rank{rank}").read_text().split("\n")[:-1]
-                if (tmp_path / f"writes_rank{rank}").exists() else [] for rank in range(WORLD_SIZE)},
+        calls={rank: (tmp_path / f"calls_rank{rank}").read_text().splitlines() for rank in range(WORLD_SIZE)},
         ddp_out=ddp_out)
 
 
@@ -140,12 +141,24 @@ def test_logged_train_loss_is_the_mean_over_ranks(runs):
             "batch), tolerance 1e-5; hint: rank 0's loss alone is not the update's loss")
 
 
+def writes(calls: list[str]) -> list[str]:
+    return [call for call in calls if not call.startswith("no_sync")]
+
+
 def test_only_rank_0_writes_files(runs):
-    expect_equal("files written by rank 1", runs.writes[1], [])
-    written = " ".join(runs.writes[0])
+    expect_equal("files written by rank 1", writes(runs.calls[1]), [])
+    written = " ".join(writes(runs.calls[0]))
     for what in ("pretrain_32_resume.pth", "pretrain_32.pth", "stopped.json", "resumed.json", "pretrain_32_loss.png"):
-        assert what in written, f"rank 0 should write {what}; ACTUAL writes: {runs.writes[0]}"
+        assert what in written, f"rank 0 should write {what}; ACTUAL writes: {writes(runs.calls[0])}"
     assert runs.stdout.count("saved weights to") == 1, f"log lines from more than one rank:\n{runs.stdout[-3000:]}"
+
+
+def test_no_sync_on_every_micro_step_that_does_not_close_an_update(runs):
+    """2 epochs of 20 micro-steps, K = 3: updates close at 3, 6, ..., 18 and the tail flush at 20, so 13
+    micro-steps per epoch only accumulate (the equality above shows that the 7 closing ones do sync)."""
+    for rank in range(WORLD_SIZE):
+        expect_equal(f"rank {rank}: micro-steps run inside no_sync()",
+                     sum(call.startswith("no_sync") for call in runs.calls[rank]), 2 * 13)
 
 
 def test_ddp_checkpoint_holds_the_unwrapped_model_and_resumes_in_one_process(runs):
