@@ -259,6 +259,9 @@ def sync_only_when_closing(segment, ddp_model, begin: int, end: int, train_loop,
     sum once per update (DDP then divides by the world size). Which micro-steps close is decided by your
     own should_step_optimizer and, for the segment's last micro-step, should_flush_tail (the loop flushes
     the tail when its loader ends inside a window), so the sync lands where your loop steps the optimizer.
+    Upstream syncs every backward: the same gradients up to rounding, K times the communication. A GradScaler
+    scales every rank's loss by the same factor, so every rank unscales the same averaged gradients and
+    skips (or not) the same update.
     """
     for step, batch in enumerate(segment, start=begin + 1):
         closes = (train_loop.should_step_optimizer(step, accumulation_steps)
@@ -313,7 +316,8 @@ def train(args) -> int:
     try:
         tokenizer = build_tokenizer(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if is_main:
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     model, optimizer, scaler, autocast_ctx = build_training(args)
     dataset, val_set = split(PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len),
