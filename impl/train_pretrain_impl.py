@@ -330,10 +330,11 @@ def train(args) -> int:
     sampler = DistributedSampler(dataset, shuffle=True, seed=42) if distributed else None
     iters = math.ceil((len(dataset) if sampler is None else len(sampler)) / args.batch_size)  # micro-steps per rank
     updates_per_epoch = math.ceil(iters / args.accumulation_steps)
-    stop_epoch, stop_step = divmod(args.stop_after - 1, iters)
-    if args.stop_after and (stop_step + 1) % args.accumulation_steps and stop_step + 1 < iters:
+    stop_epoch, stop_index = divmod(args.stop_after - 1, iters)  # the stop's epoch and micro-step, 0-based
+    if (args.stop_after and stop_epoch < args.epochs and (stop_index + 1) % args.accumulation_steps
+            and stop_index + 1 < iters):
         if is_main:  # windows restart with each epoch: the loop would flush a partial window at the stop
-            print(f"error: --stop_after {args.stop_after} is micro-step {stop_step + 1} of epoch {stop_epoch + 1} "
+            print(f"error: --stop_after {args.stop_after} is micro-step {stop_index + 1} of epoch {stop_epoch + 1} "
                   f"({iters} micro-steps per epoch), inside an accumulation window; stop at a multiple of "
                   f"--accumulation_steps ({args.accumulation_steps}) within the epoch or at its end", file=sys.stderr)
         return 2
