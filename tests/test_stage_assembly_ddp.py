@@ -23,7 +23,7 @@ import torch
 
 from course.checks.framework import expect_equal, expect_tensors_close
 from course.implementations import REPO_ROOT, load_module
-from course.minimind import TINY_CORPUS, PretrainDataset
+from course.minimind import IGNORE_INDEX, TINY_CORPUS, PretrainDataset
 
 pytestmark = pytest.mark.ddp
 
@@ -114,7 +114,7 @@ def runs(tmp_path_factory):
 def test_premise_every_sample_has_the_same_number_of_targets():
     """Exact equality needs equal target counts per micro-batch (the loss is a mean over real targets)."""
     dataset = PretrainDataset(TINY_CORPUS, max_length=MAX_SEQ_LEN)
-    counts = {int((dataset[i][1][1:] != -100).sum()) for i in range(len(dataset))}
+    counts = {int((dataset[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(dataset))}
     expect_equal("target counts per sample of the tiny corpus at max_seq_len 32", counts, {MAX_SEQ_LEN - 1})
     expect_equal("samples (divisible by 2 ranks x micro-batch 4: no padding sample, no partial batch)",
                  len(dataset) % (WORLD_SIZE * PER_RANK_BATCH), 0)
