@@ -5,6 +5,8 @@
     python impl/train_pretrain_impl.py --impl reference --metrics_json out/metrics.json --eval_interval 20
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_48_resume.pth
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
+        impl/train_pretrain_impl.py --impl reference --preset tiny             # DDP: 2 processes (lesson 14 §8)
 
 This file is glue, not an exercise: it runs as soon as impl/train_loop.py is filled in.
 """
@@ -14,13 +16,17 @@ import argparse
 import itertools
 import json
 import math
+import os
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Subset
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 from tqdm import tqdm
 
 from course.implementations import load_implementation
@@ -28,6 +34,7 @@ from course.minimind import IGNORE_INDEX, TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NU
 from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger, setup_seed
+from course.runs.distributed import process_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
@@ -241,35 +248,113 @@ def split(dataset, val_fraction: float):
     return Subset(dataset, range(n_train)), Subset(dataset, range(n_train, len(dataset)))
 
 
+# --- several processes (torchrun): lesson 14 §8 "Several processes: torchrun" -----------------------------
+
+def sync_only_when_closing(segment, ddp_model, begin: int, end: int, train_loop, accumulation_steps: int):
+    """Hand out micro-steps begin+1..end, each inside DDP's ``no_sync()`` unless it closes an update.
+
+    train_one_epoch (yours, with no DDP in it) runs a micro-batch's forward and backward before it asks for
+    the next one, so the context held across ``yield`` spans exactly that micro-step: a non-closing
+    backward only accumulates this rank's gradient, and the closing backward all-reduces the accumulated
+    sum once per update (DDP then divides by the world size). Which micro-steps close is decided by your
+    own should_step_optimizer and, for the segment's last micro-step, should_flush_tail (the loop flushes
+    the tail when its loader ends inside a window), so the sync lands where your loop steps the optimizer.
+    Upstream syncs every backward: the same gradients up to rounding, K times the communication. A GradScaler
+    scales every rank's loss by the same factor, so every rank unscales the same averaged gradients and
+    skips (or not) the same update.
+    """
+    for step, batch in enumerate(segment, start=begin + 1):
+        closes = (train_loop.should_step_optimizer(step, accumulation_steps)
+                  or step == end and train_loop.should_flush_tail(end, begin, accumulation_steps))
+        with nullcontext() if closes else ddp_model.no_sync():
+            yield batch
+
+
+def sum_over_ranks(values: list[float], device) -> list[float]:
+    """Each value summed over the ranks (one all-reduce for the whole list)."""
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.tolist()
+
+
+def check_ranks_agree(model, epoch: int, step: int) -> None:
+    """Every rank must hold the same weights at an update boundary; raise on every rank if not (a rank
+    that raised alone would leave the others waiting). One sum per parameter tensor, two small all-reduces."""
+    sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+    low, high = sums.clone(), sums.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if not torch.equal(low, high):
+        raise RuntimeError(f"epoch {epoch + 1}, micro-step {step}: the ranks hold different weights (largest "
+                           f"spread of a parameter sum: {float((high - low).max()):.3e}). An optimizer step ran on "
+                           "gradients that were not all-reduced: does train_one_epoch step exactly where "
+                           "should_step_optimizer and should_flush_tail say?")
+
+
 def main(argv=None) -> int:
+    """One process as before; under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) one rank of a DDP run:
+    nccl with one GPU per process on CUDA, gloo on the CPU."""
     args = parse_args(argv)
+    if not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= set(os.environ):
+        return train(args)
+    backend = "gloo"
+    if torch.device(args.device).type == "cuda":
+        backend, args.device = "nccl", f"cuda:{os.environ['LOCAL_RANK']}"
+        torch.cuda.set_device(args.device)
+    with process_group(backend):
+        return train(args)
+
+
+def train(args) -> int:
+    distributed = dist.is_initialized()
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    is_main = rank == 0  # prints, evaluates and writes files; every rank trains
+    log = Logger if is_main else (lambda _: None)
     train_loop = load_implementation("train_loop.py", args.impl, args.impl_dir)
     checkpointing = args.resume is not None or args.save_interval > 0 or args.stop_after > 0
     ckpt = load_implementation("checkpoint.py", args.impl, args.impl_dir) if checkpointing else None
     try:
         tokenizer = build_tokenizer(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if is_main:
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     model, optimizer, scaler, autocast_ctx = build_training(args)
     dataset, val_set = split(PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len),
                              args.val_fraction)
     val_batches = list(DataLoader(Subset(val_set, range(min(len(val_set), args.eval_batches * args.batch_size))),
                                   batch_size=args.batch_size))
-    iters = math.ceil(len(dataset) / args.batch_size)
+    # Under DDP rank r reads positions r, r + W, r + 2W, ... of the epoch's permutation, which is the one
+    # setup_seed(42 + epoch); torch.randperm(N) gives a single process (same generator, same seed): so rank
+    # r's micro-batch j holds every W-th sample of the single-process micro-batch j of size W * batch_size.
+    sampler = DistributedSampler(dataset, shuffle=True, seed=42) if distributed else None
+    iters = math.ceil((len(dataset) if sampler is None else len(sampler)) / args.batch_size)  # micro-steps per rank
     updates_per_epoch = math.ceil(iters / args.accumulation_steps)
+    stop_epoch, stop_index = divmod(args.stop_after - 1, iters)  # the stop's epoch and micro-step, 0-based
+    if (args.stop_after and stop_epoch < args.epochs and (stop_index + 1) % args.accumulation_steps
+            and stop_index + 1 < iters):
+        if is_main:  # windows restart with each epoch: the loop would flush a partial window at the stop
+            print(f"error: --stop_after {args.stop_after} is micro-step {stop_index + 1} of epoch {stop_epoch + 1} "
+                  f"({iters} micro-steps per epoch), inside an accumulation window; stop at a multiple of "
+                  f"--accumulation_steps ({args.accumulation_steps}) within the epoch or at its end", file=sys.stderr)
+        return 2
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)  # for resume checkpoints too, whoever's save_checkpoint runs
     moe = "_moe" if args.use_moe else ""
     resume_file = out_dir / f"pretrain_{args.hidden_size}{moe}_resume.pth"
-    Logger(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M, "
-           f"{len(dataset)} samples" + (f" + {len(val_set)} for validation" if len(val_set) else "") +
-           f", train_one_epoch from {args.impl}")
+    log(f"LLM params: {sum(p.numel() for p in model.parameters()) / 1e6:.3f} M, "
+        f"{len(dataset)} samples" + (f" + {len(val_set)} for validation" if len(val_set) else "") +
+        (f", {world_size} processes ({args.device}, {dist.get_backend()}) of {len(sampler)} samples each"
+         if distributed else "") + f", train_one_epoch from {args.impl}")
     metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [],
                "figure": str(out_dir / f"pretrain_{args.hidden_size}{moe}_loss.png")}
     throughput, pending = Throughput(), []
 
     def evaluate(update: int) -> None:
+        # rank 0 alone, on the unwrapped model (the same weights on every rank): the single-process numbers,
+        # and no collective that the other ranks, already training on, would have to join
+        if not is_main:
+            return
         if val_batches:
             metrics["val_loss"].append([update, validation_loss(model, val_batches, args.device, autocast_ctx)])
             tqdm.write(f"update {update}: val_loss {metrics['val_loss'][-1][1]:.4f}", file=sys.stdout)
@@ -278,6 +363,10 @@ def main(argv=None) -> int:
         tqdm.write(f"update {update} sample: {metrics['samples'][-1][1]!r}", file=sys.stdout)
 
     def finish() -> None:
+        if distributed:  # tokens of every rank over rank 0's time in train_one_epoch
+            throughput.tokens = round(sum_over_ranks([throughput.tokens], args.device)[0])
+        if not is_main:
+            return
         metrics["tokens_per_second"] = throughput.per_second()
         plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]))
         Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}")
@@ -295,28 +384,45 @@ def main(argv=None) -> int:
                 raise ValueError(f"--resume {args.resume}: these flags differ from the interrupted run "
                                  f"(now, saved): {changed}")
             start_epoch, start_step = ckpt.resume_position(checkpoint, iters)
-            Logger(f"resumed from {args.resume}: epoch {start_epoch + 1}/{args.epochs}, step {start_step}/{iters} "
-                   f"(skipping {start_step} trained micro-batches)")
+            log(f"resumed from {args.resume}: epoch {start_epoch + 1}/{args.epochs}, step {start_step}/{iters} "
+                f"(skipping {start_step} trained micro-batches)")
+            if checkpoint["world_size"] != world_size:
+                log(f"the checkpoint was written by {checkpoint['world_size']} processes, this run has "
+                    f"{world_size}: load_checkpoint rescaled its step (lesson 15 §1.6) and the effective batch "
+                    f"is now {args.batch_size * args.accumulation_steps * world_size} samples instead of "
+                    f"{args.batch_size * args.accumulation_steps * checkpoint['world_size']}: a different run")
+        # Wrapped after the resume load: DDP's constructor copies rank 0's weights to every rank. The RoPE
+        # tables (the only buffers) are the same constants everywhere, so they are not re-broadcast per forward.
+        on_cuda = torch.device(args.device).type == "cuda"
+        trained = DistributedDataParallel(model, device_ids=[torch.device(args.device).index] if on_cuda else None,
+                                          forward_sync_buffers=False) if distributed else model
         update = start_epoch * updates_per_epoch + math.ceil(start_step / args.accumulation_steps)
         if val_batches:
             evaluate(update)
         for epoch in range(start_epoch, args.epochs):
             setup_seed(42 + epoch)
-            order = torch.randperm(len(dataset)).tolist()
+            if sampler is not None:
+                sampler.set_epoch(epoch)  # its permutation is seeded 42 + epoch; without this, every epoch's is epoch 0's
+            order = torch.randperm(len(dataset)).tolist() if sampler is None else sampler
             skip = start_step if epoch == start_epoch else 0
-            pinned = torch.device(args.device).type == "cuda"  # lets the loop's non_blocking copies overlap
+            # pin_memory on CUDA lets the loop's non_blocking copies overlap
             loader = (DataLoader(dataset, batch_sampler=ckpt.SkipBatchSampler(order, args.batch_size, skip),
-                                 pin_memory=pinned)
-                      if ckpt else DataLoader(dataset, batch_size=args.batch_size, sampler=order, pin_memory=pinned))
-            bar = tqdm(desc=f"epoch {epoch + 1}/{args.epochs}", file=sys.stdout, initial=skip, total=iters)
+                                 pin_memory=on_cuda)
+                      if ckpt else DataLoader(dataset, batch_size=args.batch_size, sampler=order, pin_memory=on_cuda))
+            bar = tqdm(desc=f"epoch {epoch + 1}/{args.epochs}", file=sys.stdout, initial=skip, total=iters,
+                       disable=not is_main)
             batches = counted(iter(loader), bar, throughput)
             stop_step = args.stop_after - epoch * iters if args.stop_after else 0
             evals = eval_steps(epoch, iters, args.accumulation_steps, args.eval_interval) if val_batches else []
             start, begin = time.time(), skip
             for end in segment_ends(skip, iters, args.save_interval, stop_step, evals):
+                segment = itertools.islice(batches, end - begin)
+                if distributed:
+                    segment = sync_only_when_closing(segment, trained, begin, end, train_loop,
+                                                     args.accumulation_steps)
                 throughput.start()
                 records = train_loop.train_one_epoch(
-                    model, itertools.islice(batches, end - begin), optimizer, device=args.device, epoch=epoch,
+                    trained, segment, optimizer, device=args.device, epoch=epoch,
                     epochs=args.epochs, iters=iters, base_lr=args.learning_rate,
                     accumulation_steps=args.accumulation_steps, grad_clip=args.grad_clip, scaler=scaler,
                     autocast_ctx=autocast_ctx, start_step=begin)
@@ -324,41 +430,53 @@ def main(argv=None) -> int:
                 if end == iters or end == stop_step:
                     bar.close()
                 closed = closed_updates(records, pending)
+                if distributed:  # the update's loss over the whole global batch, not rank 0's share of it
+                    check_ranks_agree(model, epoch, end)
+                    sums = sum_over_ranks([value for _, loss, aux in closed for value in (loss, aux)], args.device)
+                    closed = [(r, loss / world_size, aux / world_size)
+                              for (r, _, _), loss, aux in zip(closed, sums[::2], sums[1::2])]
                 metrics["train_loss"] += [[update + i, loss] for i, (_, loss, _) in enumerate(closed, start=1)]
                 update += len(closed)
-                log_updates(closed, begin, epoch, args.epochs, iters, args.log_interval, time.time() - start, end - skip)
+                if is_main:
+                    log_updates(closed, begin, epoch, args.epochs, iters, args.log_interval, time.time() - start,
+                                end - skip)
                 begin = end
                 if end in evals or val_batches and end == iters and epoch == args.epochs - 1:
                     evaluate(update)
                 if args.save_interval and (end % args.save_interval == 0 or end == iters) or end == stop_step:
-                    # batch_size / accum_steps: a legacy (micro-batch) training state for lesson 16's trainer
-                    ckpt.save_checkpoint(resume_file, model=model, optimizer=optimizer, scaler=scaler,
+                    # every rank calls it (each checks its own gradients); lesson 15's save_checkpoint writes on
+                    # rank 0 only, the unwrapped model's state. batch_size / accum_steps: a legacy (micro-batch)
+                    # training state for lesson 16's trainer
+                    ckpt.save_checkpoint(resume_file, model=trained, optimizer=optimizer, scaler=scaler,
                                          epoch=epoch, step=end, run_config=run_config(args),
                                          batch_size=args.batch_size, accum_steps=args.accumulation_steps)
-                    Logger(f"saved resume checkpoint (epoch {epoch + 1}, step {end}/{iters}) to {resume_file}")
+                    log(f"saved resume checkpoint (epoch {epoch + 1}, step {end}/{iters}) to {resume_file}")
                 if end == stop_step:
-                    Logger(f"stopped after {args.stop_after} micro-steps (--stop_after); continue with "
-                           f"--resume {resume_file}")
+                    log(f"stopped after {args.stop_after} micro-steps (--stop_after); continue with "
+                        f"--resume {resume_file}")
                     finish()
                     return 0
     except NotImplementedError as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1].filename
         lesson, path = ("15", "impl/checkpoint.py") if ckpt and where == ckpt.__file__ \
             else ("14", "impl/train_loop.py")
-        print(f"TODO: {exc}\nFill in {path} (lesson {lesson} §5), then run "
-              f"`python -m course check {lesson}`.", file=sys.stderr)
+        if is_main:
+            print(f"TODO: {exc}\nFill in {path} (lesson {lesson} §5), then run "
+                  f"`python -m course check {lesson}`.", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError) as exc:
         if args.resume is None:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        if is_main:
+            print(f"error: {exc}", file=sys.stderr)
         return 2
     if not val_batches:
         evaluate(update)  # the final sample
     finish()
-    weights = out_dir / f"pretrain_{args.hidden_size}{moe}.pth"
-    torch.save(model.state_dict(), weights)
-    Logger(f"saved weights to {weights}")
+    if is_main:
+        weights = out_dir / f"pretrain_{args.hidden_size}{moe}.pth"
+        torch.save(model.state_dict(), weights)
+        log(f"saved weights to {weights}")
     return 0
 
 

@@ -130,6 +130,17 @@ def test_stage_assembly_refuses_saves_inside_a_window(capsys):
         assert f"{flag} must be 0 or a positive multiple of --accumulation_steps (4), got 6" in capsys.readouterr().err
 
 
+def test_stage_assembly_refuses_a_stop_inside_a_window_of_a_later_epoch(tmp_path, capsys):
+    """27 is a multiple of K = 3, but with 20 micro-steps per epoch it is micro-step 7 of epoch 2: the loop would
+    flush that partial window at the stop, which the uninterrupted run does not (exit 2, before any training)."""
+    argv = ["--impl", "reference", "--preset", "tiny", "--epochs", "2", "--batch_size", "8", "--max_seq_len", "32",
+            "--accumulation_steps", "3", "--stop_after", "27", "--out_dir", str(tmp_path)]
+    assert train_pretrain_impl.main(argv) == 2
+    assert ("--stop_after 27 is micro-step 7 of epoch 2 (20 micro-steps per epoch), inside an accumulation window"
+            in capsys.readouterr().err)
+    assert not list(tmp_path.iterdir()), "nothing may be written before the refusal"
+
+
 KILL_DURING_SAVE = """
 import os, signal, sys, torch
 from course.implementations import load_implementation

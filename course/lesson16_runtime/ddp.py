@@ -14,11 +14,8 @@ The demonstration update is lesson 16's tiny update (``course.runs.session``): 4
 """
 from __future__ import annotations
 
-import gc
 import os
-import socket
 import tempfile
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course.reference.train_session import TrainingSession
 from course.runs import SESSION_SCENARIO, grads_of, masked_micro_batches, run_update, tiny_model
+from course.runs.distributed import free_port, process_group
 
 from .text import naive_mean_step, token_weighted_step
 
@@ -73,27 +71,10 @@ def ddp_update_gradients(rank: int, world_size: int) -> dict[str, dict[str, torc
     return results
 
 
-@contextmanager
 def gloo_process_group(**init_kwargs):
-    """Join the gloo process group for the block; free every DDP object before leaving it.
-
-    ``DistributedDataParallel`` sits in reference cycles, so its reducer (which holds the process
-    group) outlives the function that built it until the cycle collector runs. Left to interpreter
-    shutdown, that teardown aborts now and then (``terminate called without an active exception``,
-    SIGABRT); collecting while the interpreter is alive, then destroying the group, does not.
-    """
-    dist.init_process_group("gloo", **init_kwargs)
-    try:
-        yield dist.get_rank(), dist.get_world_size()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """Join the gloo process group for the block; free every DDP object before leaving it
+    (``course.runs.distributed.process_group`` says why)."""
+    return process_group("gloo", **init_kwargs)
 
 
 def _spawned_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:

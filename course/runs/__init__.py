@@ -3,6 +3,8 @@
 * ``loop``    - ``LoopScenario``, ``training_objects``, epoch batches, ``run_oracle`` / ``run_impl`` (lesson 14)
 * ``resume``  - train to a stop point, save, resume with an implementation and finish (lesson 15)
 * ``session`` - masked micro-batches, the one-backward oracle, ``run_update`` (lesson 16)
+* ``distributed`` - ``process_group`` (join a torch.distributed group, free DDP objects before leaving) and
+  ``free_port`` (the stage assembly under torchrun, lesson 16's DDP demonstration)
 
 Nothing here grades: comparisons and verdicts belong to ``course.checks``.
 """
