@@ -80,8 +80,8 @@ def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
     """TODO (lesson 14 §5.6): write a test that K accumulated micro-batches give one big batch's gradient.
 
     ``accumulate_gradients(model, micro_batches, accumulation_steps)`` is the implementation under test:
-    it runs ``out = model(input_ids, labels=labels)`` on each ``(input_ids, labels)`` of ``micro_batches``
-    (exactly ``accumulation_steps`` of them), backpropagates ``(out.loss + out.aux_loss) / K`` and
+    it calls ``model(input_ids, labels=labels)`` on each ``(input_ids, labels)`` of ``micro_batches``
+    (exactly ``accumulation_steps`` of them), backpropagates that output's ``(loss + aux_loss) / K`` and
     leaves the summed gradients in each parameter's ``.grad`` (no optimizer step). A correct version
     is ``course.runs.accumulate_gradients``: your test must pass on it.
     Your test: build a model and data (``tiny_model(LoopScenario(...))`` gives a seeded dense MiniMind,

@@ -128,8 +128,8 @@ def migrate_train_state(state: dict) -> dict:
 def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
     """TODO (lesson 16 §4.4): write a test that token-weighted accumulation gives the global batch's gradient.
 
-    ``accumulate_token_weighted(model, micro_batches)`` is the implementation under test: for the
-    ``(input_ids, labels)`` pairs of ``micro_batches`` (labels -100 where a target does not count) it
+    The argument is the implementation under test, called as ``accumulate_token_weighted(model, batches)``:
+    for the ``(input_ids, labels)`` pairs of ``batches`` (labels -100 where a target does not count) it
     counts N, the valid shifted targets (``labels[..., 1:] != -100``) of ALL of them, then backpropagates
     ``token_nll_sum(model(input_ids).logits, labels) / N`` for each and leaves the summed gradients in
     ``.grad`` (no optimizer step). A correct version is ``course.runs.accumulate_token_weighted``: your
