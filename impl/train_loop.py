@@ -10,6 +10,8 @@ from contextlib import nullcontext  # noqa: F401 - for autocast_ctx=None
 
 import torch
 
+from course.runs import LoopScenario, tiny_batches, tiny_model  # noqa: F401 - for your test (§5.6)
+
 
 def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
     """TODO (lesson 14 §5.1): MiniMind's cosine schedule, from base_lr at s = 0 to 0.1 * base_lr at s = T.
@@ -116,6 +118,26 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     ``start_step`` is outside ``[0, iters]``.
     """
     raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")
+
+
+def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
+    """TODO (lesson 14 §5.6): write a test that K accumulated micro-batches give one big batch's gradient.
+
+    ``accumulate_gradients(model, micro_batches, accumulation_steps)`` is the implementation under test:
+    it calls ``model(input_ids, labels=labels)`` on each ``(input_ids, labels)`` of ``micro_batches``
+    (exactly ``accumulation_steps`` of them), backpropagates that output's ``(loss + aux_loss) / K`` and
+    leaves the summed gradients in each parameter's ``.grad`` (no optimizer step). A correct version
+    is ``course.runs.accumulate_gradients``: your test must pass on it.
+    Your test: build a model and data (``tiny_model(LoopScenario(...))`` gives a seeded dense MiniMind,
+    the same weights every call; ``tiny_batches(batch_size, max_length, 1, seed)[0]`` gives one
+    ``(input_ids, labels)`` batch, unpadded at ``max_length=32``), compute the big batch's gradient with
+    ONE backward of its loss, call ``accumulate_gradients`` on a second, identical model with the same
+    samples cut into K micro-batches, and assert every parameter's gradient is close to the big batch's
+    (``torch.testing.assert_close`` with a stated ``rtol`` / ``atol``). Return nothing; raise
+    ``AssertionError`` (any failing ``assert``) when the implementation is wrong. The grader runs it on
+    wrong implementations too (§5.6 lists them): each must make it fail.
+    """
+    raise NotImplementedError("test_accumulation_matches_big_batch: TODO - see lesson 14 §5.6")
 
 
 # --- Extensions: fix upstream (optional; lesson 14 §10; graded by ``python -m course check 14 --all``) ---

@@ -16,6 +16,9 @@ import torch  # noqa: F401
 from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX  # noqa: F401
+# for your test (§4.4):
+from course.lesson16_runtime.text import shifted_target_count, token_nll_sum  # noqa: F401
+from course.runs import SESSION_SCENARIO, masked_micro_batches, tiny_model  # noqa: F401
 
 
 def count_loss_units(labels: torch.Tensor) -> int:
@@ -133,3 +136,25 @@ def migrate_train_state(state: dict) -> dict:
       says "start of the next epoch".
     """
     raise NotImplementedError("migrate_train_state: TODO - see lesson 16 §5.4")
+
+
+def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
+    """TODO (lesson 16 §4.4): write a test that token-weighted accumulation gives the global batch's gradient.
+
+    The argument is the implementation under test, called as ``accumulate_token_weighted(model, batches)``:
+    for the ``(input_ids, labels)`` pairs of ``batches`` (labels -100 where a target does not count) it
+    counts N, the valid shifted targets (``labels[..., 1:] != -100``) of ALL of them, then backpropagates
+    ``token_nll_sum(model(input_ids).logits, labels) / N`` for each and leaves the summed gradients in
+    ``.grad`` (no optimizer step). A correct version is ``course.runs.accumulate_token_weighted``: your
+    test must pass on it.
+    Your test: build micro-batches whose valid-target counts are UNEQUAL
+    (``masked_micro_batches(cuts)`` gives one ``TextBatch`` per pair of cuts, sample i keeping labels
+    ``[:cut_i]``, at most 16; use ``(b.input_ids, b.labels)``), compute the global batch's gradient with
+    ONE backward of ``token_nll_sum(logits, labels) / shifted_target_count(labels)`` on all of them
+    concatenated (``tiny_model(SESSION_SCENARIO)`` gives the same seeded model every call), call
+    ``accumulate_token_weighted`` on a second model, and assert every parameter's gradient is close
+    (``torch.testing.assert_close`` with a stated ``rtol`` / ``atol``). Return nothing; raise
+    ``AssertionError`` when the implementation is wrong. The grader runs it on wrong implementations
+    too (§4.4 lists them): each must make it fail.
+    """
+    raise NotImplementedError("test_token_weighted_matches_global_batch: TODO - see lesson 16 §4.4")

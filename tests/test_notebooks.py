@@ -180,6 +180,16 @@ def submission(release, solved, extra_cells=()):
     return nb
 
 
+# A test-writing exercise answered with a test that asserts nothing: its grade cell must score 0.
+NO_OP_TEST = "test_asserts_nothing"
+
+
+def grade_cell_running(solved, check_name: str) -> str:
+    """grade_id of the grade cell of ``solved`` that runs the check ``check_name``."""
+    return next(c.metadata["nbgrader"]["grade_id"] for c in solved.cells
+                if c.metadata.get("nbgrader", {}).get("grade") and check_name in checks_called(c.source))
+
+
 HANG_CELL = "import time\ntime.sleep(3600)  # a student's endless loop"
 RAISE_CELL = "raise RuntimeError('a student cell that crashes')"
 # The hanging and the crashing student cell cost a cell timeout each run: lesson 14 carries them.
@@ -190,7 +200,8 @@ BROKEN_CELLS_IN = "14"
 def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, course_dir, tmp_path):
     """Full marks, zero, and exactly one failing cell for a submission with a typical mistake; in
     lesson 14 that submission also has a cell that hangs and one that raises: grading goes on past
-    both (one execution covers both cases)."""
+    both (one execution covers both cases). Where the lesson has a test-writing exercise, a submission
+    whose test asserts nothing scores 0 on that exercise's cell only."""
     from nbgrader.api import Gradebook
 
     # The lesson's notebook_mistake is caught by a hidden check only, so exactly one grade cell fails.
@@ -214,6 +225,10 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, c
             if cell.metadata.get("nbgrader", {}).get("grade_id") in optional:
                 cell.source = released[cell.metadata["nbgrader"]["grade_id"]]
         students["core_only"] = core_only
+    no_op_test = next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None)
+    if no_op_test is not None:
+        no_op = read(build_source(lesson, tmp_path / NO_OP_TEST, reference_source=no_op_test.source()))
+        students["no_op_test"] = submission(release, no_op)
     for student, nb in students.items():
         path = course_dir / "submitted" / student / lesson.name / f"{lesson.name}.ipynb"
         path.parent.mkdir(parents=True)
@@ -222,9 +237,7 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, c
 
     points = grade_cells(solved)
     # The mistake breaks one check; the grade cell that runs it is the one that must score 0.
-    failing = next(c.metadata["nbgrader"]["grade_id"] for c in solved.cells
-                   if c.metadata.get("nbgrader", {}).get("grade")
-                   and typical_mistake.caught_by in checks_called(c.source))
+    failing = grade_cell_running(solved, typical_mistake.caught_by)
     expected = {
         "reference": points,
         "untouched": {cell: 0 for cell in points},
@@ -232,6 +245,9 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, c
     }
     if "core_only" in students:
         expected["core_only"] = points
+    if no_op_test is not None:
+        accepted_no_op = grade_cell_running(solved, no_op_test.caught_by)
+        expected["no_op_test"] = {cell: 0 if cell == accepted_no_op else p for cell, p in points.items()}
     with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
         for student, want in expected.items():
             graded = gradebook.find_submission_notebook(lesson.name, lesson.name, student)

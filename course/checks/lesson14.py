@@ -13,13 +13,14 @@ import torch
 
 from course.minimind import get_lr
 
-from course.runs import (LoopScenario, epoch_batches, full_epoch_batches, run_impl, run_oracle, tiny_model,
-                         training_objects)
+from course.runs import (LoopScenario, accumulate_gradients, epoch_batches, full_epoch_batches, in_float64,
+                         run_impl, run_oracle, tiny_model, training_objects)
 from course.runs.eager import eager
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENARIOS
 
 from .framework import (CheckFailure, Exercise, Lesson, expect_close, expect_equal, expect_raises,
                         expect_tensor_close, expect_tensors_close, fail)
+from .student_tests import WrongImplementation, grade_student_test
 
 
 def mechanics_report(impl) -> list[str]:
@@ -46,6 +47,7 @@ LESSON = Lesson(
         Exercise("should_step_optimizer", "14 §5.3", points=1, hidden_points=1),
         Exercise("should_flush_tail", "14 §5.4", points=1, hidden_points=1),
         Exercise("train_one_epoch", "14 §5.5", points=3, hidden_points=2),
+        Exercise("test_accumulation_matches_big_batch", "14 §5.6", points=2),
     ],
     labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "lesson14_predictions.py", "bench_lesson14_grader.py",
           "bench_lesson14_streaming.py"),
@@ -365,6 +367,74 @@ def train_one_epoch_rejects_bad_arguments(impl):
                                                    **{**good, **changes}), ValueError, argument)
 
 
+# --- test_accumulation_matches_big_batch: the student's test against wrong accumulations ---------
+
+
+def _micro_batch_loss(model, input_ids, labels):
+    out = model(input_ids, labels=labels)
+    return out.loss + out.aux_loss
+
+
+def accumulate_without_dividing(model, micro_batches, accumulation_steps):
+    for input_ids, labels in micro_batches:
+        _micro_batch_loss(model, input_ids, labels).backward()
+
+
+def accumulate_dividing_twice(model, micro_batches, accumulation_steps):
+    for input_ids, labels in micro_batches:
+        (_micro_batch_loss(model, input_ids, labels) / accumulation_steps / accumulation_steps).backward()
+
+
+def accumulate_zeroing_every_micro_batch(model, micro_batches, accumulation_steps):
+    for input_ids, labels in micro_batches:
+        model.zero_grad(set_to_none=True)
+        (_micro_batch_loss(model, input_ids, labels) / accumulation_steps).backward()
+
+
+def accumulate_first_micro_batch_only(model, micro_batches, accumulation_steps):
+    input_ids, labels = micro_batches[0]
+    _micro_batch_loss(model, input_ids, labels).backward()
+
+
+def accumulate_dividing_by_micro_batch_size(model, micro_batches, accumulation_steps):
+    for input_ids, labels in micro_batches:
+        (_micro_batch_loss(model, input_ids, labels) / len(input_ids)).backward()
+
+
+WRONG_ACCUMULATIONS = (
+    WrongImplementation("accumulate_without_dividing", "backpropagates each micro-batch loss undivided (K times the "
+                        "gradient)", "its gradient is K times too large; with K = 1 dividing by K changes nothing: use K >= 2 "
+                        "micro-batches",
+                        accumulate_without_dividing),
+    WrongImplementation("accumulate_dividing_twice", "backpropagates loss / K / K (1/K of the gradient)",
+                        "its gradient is 1/K of the right one; with K = 1 the extra division changes nothing",
+                        accumulate_dividing_twice),
+    WrongImplementation("accumulate_zeroing_every_micro_batch", "zero_grad before every backward: only the last "
+                        "micro-batch's gradient / K is left", "use K >= 2 micro-batches and compare every parameter's "
+                        "gradient", accumulate_zeroing_every_micro_batch),
+    WrongImplementation("accumulate_first_micro_batch_only", "backpropagates the first micro-batch's loss alone: the "
+                        "right size, the wrong samples", "if every micro-batch holds the same samples, one of them "
+                        "has the big batch's gradient: use different samples; and a tolerance near float rounding",
+                        accumulate_first_micro_batch_only),
+    WrongImplementation("accumulate_dividing_by_micro_batch_size", "divides each loss by the micro-batch size "
+                        "len(input_ids) instead of K", "with micro-batches of exactly K samples the two divisors "
+                        "are equal: pick a micro-batch size different from K", accumulate_dividing_by_micro_batch_size),
+)
+
+
+@check("test_accumulation_matches_big_batch")
+def accumulation_test_passes_correct_and_fails_wrong(impl):
+    """Your test passes the correct accumulation (course/runs/accumulation.py, and the same in float64) and
+    raises AssertionError on each of 5 wrong ones: no division by K, division by K twice, zero_grad every
+    micro-batch, the first micro-batch only, division by the micro-batch size."""
+    grade_student_test("test_accumulation_matches_big_batch", impl.test_accumulation_matches_big_batch,
+                       (accumulate_gradients, in_float64(accumulate_gradients)), WRONG_ACCUMULATIONS,
+                       "a correct accumulation differs from one big batch by float rounding (~1e-8 here, other "
+                       "orders and float64 differ in other bits): compare with a tolerance, e.g. "
+                       "torch.testing.assert_close(rtol=1e-4, atol=1e-6), against ONE backward of the whole batch's "
+                       "mean loss")
+
+
 # --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
 
 LESSON.mistake("off_by_one_step", "steps when (step + 1) % K == 0 (upstream before PR #698, issue #691)",
@@ -460,6 +530,39 @@ LESSON.equivalent("rearranged_cosine", "0.1*lr + 0.45*lr*(1 + cos(pi * (s / T)))
 LESSON.equivalent("not_modulo", "not step % K instead of step % K == 0",
                   "return step % accumulation_steps == 0", "return not step % accumulation_steps")
 
+
+# The student's test (reference: course/reference/train_loop.py) with one edit each.
+_ASSERT_GRADIENTS = ('        torch.testing.assert_close(param.grad, expected.grad, rtol=1e-4, atol=1e-6,\n'
+                     '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
+LESSON.mistake("test_asserts_nothing", "the test compares nothing: every implementation passes",
+               _ASSERT_GRADIENTS, "        pass\n", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients themselves",
+               "rtol=1e-4, atol=1e-6,", "rtol=1e-4, atol=1.0,", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
+               "rtol=1e-4, atol=1e-6,", "rtol=0.0, atol=0.0,", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_with_k_1", "one micro-batch of 12: a missing division by K cannot show",
+               "k, micro_size = 3, 4", "k, micro_size = 1, 12", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_micro_batch_size_equals_k", "4 micro-batches of 4: dividing by the micro-batch size looks right",
+               "k, micro_size = 3, 4", "k, micro_size = 4, 4", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_identical_micro_batches", "the same 4 samples in every micro-batch: one micro-batch alone "
+               "already has the big batch's gradient",
+               "input_ids, labels = tiny_batches(k * micro_size, scenario.max_length, 1, seed=0)[0]",
+               "input_ids, labels = (t.repeat(k, 1) for t in tiny_batches(micro_size, scenario.max_length, 1, "
+               "seed=0)[0])", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_expects_summed_gradient", "expects K x the big batch's gradient (the sum, not the mean)",
+               "param.grad, expected.grad,", "param.grad, expected.grad * k,",
+               accumulation_test_passes_correct_and_fails_wrong)
+
+LESSON.equivalent("test_relative_norm", "one relative-norm bound on all gradients instead of assert_close per tensor",
+                  "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+                  + _ASSERT_GRADIENTS,
+                  "    actual = torch.cat([p.grad.flatten() for p in model.parameters()])\n"
+                  "    expected = torch.cat([p.grad.flatten() for p in big.parameters()])\n"
+                  "    error = float((actual - expected).norm() / expected.norm())\n"
+                  "    assert error <= 1e-5, f\"relative gradient error {error:.2e} > 1e-5\"\n")
+LESSON.equivalent("test_chunks_by_k", "input_ids.chunk(k) instead of split(micro_size): the same micro-batches",
+                  "list(zip(input_ids.split(micro_size), labels.split(micro_size)))",
+                  "list(zip(input_ids.chunk(k), labels.chunk(k)))")
 
 # === Extensions: fix upstream (lesson 14 §10). Optional: ``python -m course check 14 --all`` grades them, ======
 # they never change the exit code and score no notebook points. Their checks are all visible.

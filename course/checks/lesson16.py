@@ -13,14 +13,15 @@ import contextlib
 import torch
 
 from course.lesson16_runtime.driver import run_text_training
-from course.lesson16_runtime.text import token_weighted_step
+from course.lesson16_runtime.text import shifted_target_count, token_nll_sum, token_weighted_step
 from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingRunState,
                                            TrainingStepOptions)
-from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches, new_session,
-                         params_of, run_update, tiny_batches, tiny_model)
+from course.runs import (SESSION_SCENARIO, accumulate_token_weighted, capture_grads, global_batch_gradients,
+                         in_float64, masked_micro_batches, new_session, params_of, run_update, tiny_batches, tiny_model)
 
 from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises, expect_tensors_close,
                         fail)
+from .student_tests import WrongImplementation, grade_student_test
 
 LESSON = Lesson(
     lesson_id="16",
@@ -32,6 +33,7 @@ LESSON = Lesson(
         Exercise("split_global_batch", "16 §4.2", points=1, hidden_points=1),
         Exercise("steps_per_epoch", "16 §4.2", points=1),
         Exercise("TrainingSession", "16 §4.3", points=3, hidden_points=3),
+        Exercise("test_token_weighted_matches_global_batch", "16 §4.4", points=2),
         Exercise("migrate_train_state", "16 §5.4", points=1, hidden_points=1),
     ],
     labs=("lesson16_mean_of_means.py", "lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py", "bench_lesson16_session.py"),
@@ -571,6 +573,64 @@ def migrate_fills_documented_legacy_defaults(impl):
     expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
                  tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
 
+# --- test_token_weighted_matches_global_batch: the student's test against wrong accumulations --
+
+
+def _backward_nll_sums(model, micro_batches, divisors):
+    """Backpropagate each micro-batch's NLL sum divided by its divisor."""
+    for (input_ids, labels), divisor in zip(micro_batches, divisors):
+        (token_nll_sum(model(input_ids).logits, labels) / divisor).backward()
+
+
+def accumulate_mean_of_means(model, micro_batches):
+    k = len(micro_batches)
+    _backward_nll_sums(model, micro_batches, [max(shifted_target_count(lab), 1) * k for _, lab in micro_batches])
+
+
+def accumulate_counting_masked_targets(model, micro_batches):
+    total = sum(lab[..., 1:].numel() for _, lab in micro_batches)
+    _backward_nll_sums(model, micro_batches, [total] * len(micro_batches))
+
+
+def accumulate_by_own_count(model, micro_batches):
+    _backward_nll_sums(model, micro_batches, [max(shifted_target_count(lab), 1) for _, lab in micro_batches])
+
+
+def accumulate_counting_unshifted(model, micro_batches):
+    total = sum(int((lab != -100).sum()) for _, lab in micro_batches)
+    _backward_nll_sums(model, micro_batches, [total] * len(micro_batches))
+
+
+WRONG_TOKEN_WEIGHTINGS = (
+    WrongImplementation("accumulate_mean_of_means", "lesson 14's loss / K: each micro-batch's mean NLL / K, so a "
+                        "target in a sparse micro-batch weighs more", "with equal valid-target counts per "
+                        "micro-batch (or K = 1) the mean of means IS the global mean: make the counts unequal",
+                        accumulate_mean_of_means),
+    WrongImplementation("accumulate_counting_masked_targets", "N counts every shifted position, -100 included",
+                        "without masked (-100) targets the two counts are equal: mask some",
+                        accumulate_counting_masked_targets),
+    WrongImplementation("accumulate_by_own_count", "divides each micro-batch's NLL sum by its own count (K times "
+                        "the mean-of-means gradient)", "with K = 1 one count is the global count: use K >= 2",
+                        accumulate_by_own_count),
+    WrongImplementation("accumulate_counting_unshifted", "N counts labels != -100 without the shift (position 0 "
+                        "is never a target)", "if position 0 of every sample is masked the two counts agree: keep "
+                        "valid labels at the start of some samples", accumulate_counting_unshifted),
+)
+
+
+@check("test_token_weighted_matches_global_batch")
+def token_weighted_test_passes_correct_and_fails_wrong(impl):
+    """Your test passes the correct token-weighted accumulation (course/runs/accumulation.py, and the same in
+    float64) and raises AssertionError on each of 4 wrong ones: the mean of micro-batch means, a count with the
+    masked targets, each micro-batch by its own count, a count without the shift."""
+    grade_student_test("test_token_weighted_matches_global_batch", impl.test_token_weighted_matches_global_batch,
+                       (accumulate_token_weighted, in_float64(accumulate_token_weighted)), WRONG_TOKEN_WEIGHTINGS,
+                       "a correct accumulation differs from one global-batch backward by float rounding (~1e-8 "
+                       "here, float64 in other bits): compare with a tolerance, e.g. torch.testing.assert_close("
+                       "rtol=1e-5, atol=1e-6), against ONE backward of the NLL sum / valid targets of the whole "
+                       "global batch")
+
+
 # --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
 
 LESSON.mistake('loss_over_k', 'backpropagates loss / K (mean of micro-batch means) instead of unit weighting',
@@ -696,3 +756,29 @@ LESSON.equivalent('count_with_item', '(...).sum().item() instead of int((...).su
 LESSON.equivalent('ceil_by_negation', '-(-n // b) instead of math.ceil(n / b)',
                   'return math.ceil(sample_count / global_batch_size)',
                   'return -(-sample_count // global_batch_size)')
+
+# The student's test (reference: course/reference/train_session.py) with one edit each.
+_ASSERT_GRADIENTS = ('        torch.testing.assert_close(param.grad, expected.grad, rtol=1e-5, atol=1e-6,\n'
+                     '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
+LESSON.mistake("test_asserts_nothing", "the test compares nothing: every implementation passes",
+               _ASSERT_GRADIENTS, "        pass\n", token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_equal_counts", "every sample fully valid: 30 targets per micro-batch, the mean of means is right",
+               "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 16),) * 4",
+               token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_one_micro_batch", "K = 1: one micro-batch's count is the global count",
+               "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 15),)",
+               token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients' differences",
+               "rtol=1e-5, atol=1e-6,", "rtol=1e-5, atol=1.0,", token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_target_counts_unshifted", "the global-batch target divides by labels != -100 (no shift)",
+               "/ shifted_target_count(labels)).backward()", "/ int((labels != -100).sum())).backward()",
+               token_weighted_test_passes_correct_and_fails_wrong)
+
+LESSON.equivalent("test_oracle_gradients", "the target from course.runs.global_batch_gradients (the same one "
+                  "backward) instead of computing it in the test",
+                  "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+                  + _ASSERT_GRADIENTS,
+                  "    from course.runs import global_batch_gradients\n"
+                  "    oracle, _, _ = global_batch_gradients(masked_micro_batches(cuts))\n"
+                  "    for name, param in model.named_parameters():\n"
+                  "        assert torch.allclose(param.grad, oracle[name], rtol=1e-5, atol=1e-6), name\n")

@@ -11,6 +11,8 @@ from contextlib import nullcontext
 
 import torch
 
+from course.runs import LoopScenario, tiny_batches, tiny_model
+
 
 def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
     """MiniMind's schedule (``get_lr``): ``base_lr * (0.1 + 0.45 * (1 + cos(pi * s / T)))``."""
@@ -126,6 +128,27 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
              "grad_norm": norm_values.get(s),
              "tail_flush": s == tail_step}
             for s, lr, loss_v, aux_v in zip(steps, lrs, loss_values, aux_values)]
+
+
+def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
+    """K accumulated micro-batches with loss / K give the gradient of one big batch.
+
+    Inputs chosen so that every catalogued bug shows: K = 3 (K = 1 hides a missing division),
+    micro-batches of 4 different samples (4 != K; identical ones hide "first micro-batch only"), no
+    padding (the mean of micro-batch means is then the big batch's mean), every parameter compared
+    with a tolerance far above float rounding (~1e-8) and far below any bug (>= 1e-3).
+    """
+    scenario = LoopScenario("accumulation test", hidden_size=32, num_hidden_layers=1)
+    k, micro_size = 3, 4
+    input_ids, labels = tiny_batches(k * micro_size, scenario.max_length, 1, seed=0)[0]
+    big = tiny_model(scenario)
+    out = big(input_ids, labels=labels)
+    (out.loss + out.aux_loss).backward()
+    model = tiny_model(scenario)   # seeded: the same weights as big
+    accumulate_gradients(model, list(zip(input_ids.split(micro_size), labels.split(micro_size))), k)
+    for (name, param), expected in zip(model.named_parameters(), big.parameters()):
+        torch.testing.assert_close(param.grad, expected.grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda detail: f"gradient of {name}: {detail}")
 
 
 # --- Extensions: fix upstream (lesson 14 §10; optional, graded by ``python -m course check 14 --all``) ---

@@ -17,10 +17,12 @@ from contextlib import nullcontext
 
 import torch
 
+from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
 from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX
 from course.reference.train_loop import should_step_optimizer
+from course.runs import SESSION_SCENARIO, masked_micro_batches, tiny_model
 
 
 def count_loss_units(labels: torch.Tensor) -> int:
@@ -229,3 +231,26 @@ def migrate_train_state(state: dict) -> dict:
                     migration_note=(f"legacy micro-batch semantics: batch_size {legacy['batch_size']} x accum_steps "
                                     f"{accum} -> global_batch_size {global_batch}; {where}"))
     return migrated
+
+
+def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
+    """Token-weighted accumulation over micro-batches with UNEQUAL valid-target counts gives the
+    gradient of the global batch's mean NLL over its valid targets.
+
+    Inputs chosen so that every catalogued bug shows: 4 micro-batches holding 29, 10, 2 and 1 valid
+    shifted targets (equal counts hide the mean of micro-batch means), masked positions in every
+    micro-batch but the first (no padding hides counting it), valid targets at position 0 (hides a
+    count without the shift); every parameter compared with a tolerance far above float rounding
+    (~1e-8) and far below any bug (>= 1e-3).
+    """
+    cuts = ((16, 15), (9, 3), (2, 2), (2, 0))   # valid labels per sample: labels[i, cut:] = -100
+    micro_batches = [(batch.input_ids, batch.labels) for batch in masked_micro_batches(cuts)]
+    input_ids = torch.cat([ids for ids, _ in micro_batches])
+    labels = torch.cat([lab for _, lab in micro_batches])
+    big = tiny_model(SESSION_SCENARIO)
+    (token_nll_sum(big(input_ids).logits, labels) / shifted_target_count(labels)).backward()
+    model = tiny_model(SESSION_SCENARIO)   # seeded: the same weights as big
+    accumulate_token_weighted(model, micro_batches)
+    for (name, param), expected in zip(model.named_parameters(), big.parameters()):
+        torch.testing.assert_close(param.grad, expected.grad, rtol=1e-5, atol=1e-6,
+                                   msg=lambda detail: f"gradient of {name}: {detail}")

@@ -5,9 +5,11 @@
 * ``session`` - masked micro-batches, the one-backward oracle, ``run_update`` (lesson 16)
 * ``distributed`` - ``process_group`` (join a torch.distributed group, free DDP objects before leaving) and
   ``free_port`` (the stage assembly under torchrun, lesson 16's DDP demonstration)
+* ``accumulation`` - correct accumulations that the test-writing exercises test (lessons 14 and 16)
 
 Nothing here grades: comparisons and verdicts belong to ``course.checks``.
 """
+from .accumulation import accumulate_gradients, accumulate_token_weighted, in_float64
 from .loop import (LoopScenario, RunResult, TrainingObjects, compute_oracle, epoch_batches, full_epoch_batches,
                    inject_overflow, run_impl, run_oracle, run_oracle_epoch, run_result, tiny_batches, tiny_model,
                    training_objects)
@@ -15,7 +17,8 @@ from .resume import resume_and_finish, sample_dataset, save_objects, train_until
 from .session import (LABEL_CUTS, SESSION_SCENARIO, capture_grads, global_batch_gradients, grads_of,
                       masked_micro_batches, new_session, params_of, run_update)
 
-__all__ = ["LoopScenario", "RunResult", "TrainingObjects", "compute_oracle", "epoch_batches", "full_epoch_batches",
+__all__ = ["accumulate_gradients", "accumulate_token_weighted", "in_float64", "LoopScenario", "RunResult",
+           "TrainingObjects", "compute_oracle", "epoch_batches", "full_epoch_batches",
            "inject_overflow", "run_impl", "run_oracle", "run_oracle_epoch", "run_result", "tiny_batches", "tiny_model",
            "training_objects", "resume_and_finish", "sample_dataset", "save_objects", "train_until", "LABEL_CUTS",
            "SESSION_SCENARIO", "capture_grads", "global_batch_gradients", "grads_of", "masked_micro_batches",

@@ -31,7 +31,7 @@ from matplotlib.ticker import MaxNLocator
 
 from course.checks.notebook import run_checks
 from course.experiments.figures import show_and_save
-from course.runs import LoopScenario, epoch_batches, run_impl, tiny_batches, tiny_model
+from course.runs import LoopScenario, accumulate_gradients, epoch_batches, run_impl, tiny_batches, tiny_model
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores (with 2 threads per kernel that costs 10-50x).
@@ -80,6 +80,17 @@ torch.set_num_threads(1)
 
 # %%
 # exercise: train_one_epoch
+
+# %% [markdown]
+# ## Exercise 6 — write the test (lesson 14 §5.6)
+#
+# This time you write the test: K accumulated micro-batches with loss / K give the gradient of one big
+# batch. Its argument is the implementation under test; `accumulate_gradients` (imported above) is a
+# correct one, so `test_accumulation_matches_big_batch(accumulate_gradients)` must return. The grade cell
+# also runs your test on five wrong implementations, and each must make it raise `AssertionError`.
+
+# %%
+# exercise: test_accumulation_matches_big_batch
 
 # %% [markdown]
 # ## Experiments on your code

@@ -35,9 +35,11 @@ from course.experiments.figures import show_and_save
 from course.experiments.token_weighting import VARIANTS, compare, draw_comparison
 from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
+from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
 from course.minimind import IGNORE_INDEX
 # Lesson 14's answer (the reference): whether micro-step s closes a window of K; use it if you like.
 from course.reference.train_loop import should_step_optimizer
+from course.runs import SESSION_SCENARIO, accumulate_token_weighted, masked_micro_batches, tiny_model
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores.
@@ -79,7 +81,19 @@ torch.set_num_threads(1)
 # exercise: TrainingSession
 
 # %% [markdown]
-# ## Exercise 5 — migrating a legacy training state (lesson 16 §5.4)
+# ## Exercise 5 — write the test (lesson 16 §4.4)
+#
+# You write the test: token-weighted accumulation over micro-batches with UNEQUAL valid-target counts
+# gives the global batch's gradient. `accumulate_token_weighted` (imported above) is a correct
+# implementation, so `test_token_weighted_matches_global_batch(accumulate_token_weighted)` must return.
+# The grade cell also runs your test on four wrong implementations, and each must make it raise
+# `AssertionError`.
+
+# %%
+# exercise: test_token_weighted_matches_global_batch
+
+# %% [markdown]
+# ## Exercise 6 — migrating a legacy training state (lesson 16 §5.4)
 #
 # An old state counted micro-batches and micro-steps; it resumes at the last update boundary.
 
