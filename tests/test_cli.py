@@ -24,7 +24,7 @@ def test_untouched_stubs_report_todo_and_exit_1(tmp_path):
     """Graded on an untouched copy of impl/, so it holds however far the student has got."""
     proc = course_cli("check", "14", "--impl-dir", str(untouched_impl(tmp_path / "impl")))
     assert proc.returncode == 1, f"ACTUAL exit {proc.returncode}, EXPECTED 1\n{proc.stdout}{proc.stderr}"
-    exercises = get_lesson("14").exercises
+    exercises = get_lesson("14").core_exercises
     for exercise in exercises:
         line = next((ln for ln in proc.stdout.splitlines() if ln.strip().startswith(exercise.name + " ")), "")
         assert "TODO" in line and exercise.section in line, f"row for {exercise.name}: {line!r}\n{proc.stdout}"
@@ -36,7 +36,7 @@ def test_reference_passes_and_json_is_machine_readable():
     proc = course_cli("check", "14", "--impl", "reference", "--json", "--all")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    count = len(get_lesson("14").exercises)
+    count = len(get_lesson("14").core_exercises)
     assert (report["passed"], report["total"]) == (count, count), report
     assert {e["status"] for e in report["exercises"]} == {"PASS"}
     assert report["optional"] == {"graded": True, "passed": len(EXTENSIONS), "total": len(EXTENSIONS)}
