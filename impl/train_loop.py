@@ -89,14 +89,15 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
       ``cosine_lr(epoch * iters + step, epochs * iters, base_lr)``.
     - At EVERY micro-step, before the forward, write that lr into EVERY ``optimizer.param_groups`` entry
       (writing it only at boundaries leaves a stale lr for the tail flush).
-    - Move ``input_ids`` and ``labels`` to ``device``. Inside ``autocast_ctx``:
-      ``out = model(input_ids, labels=labels)``; loss = ``out.loss + out.aux_loss`` (always both terms);
-      scaled = ``scale_loss_for_accumulation(loss, accumulation_steps)``. Then
+    - Move ``input_ids`` and ``labels`` to ``device``. Inside ``autocast_ctx``: the forward
+      ``model(input_ids, labels=labels)`` returns ``out``; loss = ``out.loss + out.aux_loss`` (always both
+      terms); scaled = ``scale_loss_for_accumulation(loss, accumulation_steps)``. Then
       ``scaler.scale(scaled).backward()``. Gradients add up over a window: never clear them in between.
-    - When ``should_step_optimizer(step, accumulation_steps)``, run the update in this order:
-      ``scaler.unscale_(optimizer)``; ``grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-      grad_clip)`` (the pre-clip norm); ``scaler.step(optimizer)``; ``scaler.update()``;
-      ``optimizer.zero_grad(set_to_none=True)``. Unscale BEFORE clip, or the clip sees scale x gradient.
+    - When ``should_step_optimizer(step, accumulation_steps)``, run the update in this order: unscale the
+      optimizer's gradients (``scaler.unscale_``); clip with ``torch.nn.utils.clip_grad_norm_`` over
+      ``model.parameters()`` and ``grad_clip``, keeping the norm it returns (the pre-clip norm);
+      ``scaler.step(optimizer)``; ``scaler.update()``; clear the gradients with the optimizer's
+      ``zero_grad``, ``set_to_none=True``. Unscale BEFORE clip, or the clip sees scale x gradient.
       The GradScaler skipped the step (inf/NaN gradients) exactly when ``update()`` lowered its scale:
       compare ``scaler.get_scale()`` before and after (only when ``scaler.is_enabled()``).
     - After the loop, if ``should_flush_tail(last_step, start_step, accumulation_steps)`` (``last_step`` =

@@ -147,13 +147,16 @@ def test_driver_and_readback_under_autocast_track_a_cpu_fp32_run(device, precisi
         step = got["global_step"]
         assert isinstance(got["loss"], float) and math.isfinite(got["loss"]), (
             f"{where}, update {step}: loss ACTUAL {got['loss']!r}, EXPECTED a finite float")
-        assert abs(got["loss"] - want["loss"]) <= LOSS_ATOL and got["loss"] != want["loss"], (
+        assert abs(got["loss"] - want["loss"]) <= LOSS_ATOL, (
             f"{where}, update {step}: loss ACTUAL {got['loss']!r} vs CPU fp32 EXPECTED {want['loss']!r} (within "
-            f"{LOSS_ATOL}: other kernels and 16-bit matmuls; not bitwise equal: autocast must really run)")
+            f"{LOSS_ATOL}: other kernels and 16-bit matmuls)")
         if got["parameters_updated"]:
             expect_close(f"{where}, update {step}: pre-clip grad norm vs CPU fp32 (rtol {GRAD_NORM_RTOL})",
                          got["grad_norm"], want["grad_norm"], rtol=GRAD_NORM_RTOL)
         else:
             assert not math.isfinite(got["grad_norm"]), (
                 f"{where}, update {step} (skipped): grad norm ACTUAL {got['grad_norm']!r}, EXPECTED inf or nan")
+    # One update's mean loss can round to the fp32 bits by chance (seen for fp16 on an AMD EPYC); all cannot.
+    assert [r["loss"] for r in records] != [r["loss"] for r in expected], (
+        f"{where}: every loss is the CPU fp32 run's bit for bit: autocast did not run")
     expect_equal(f"{where}: batches in pinned host memory (CUDA only)", set(pinned), {device == "cuda"})

@@ -471,9 +471,11 @@ def test_trainer_dtype_flag_autocasts_and_scales_fp16_only(tmp_path, capsys, dty
     losses, scaler = run_trainer(tmp_path, capsys, "--device", "cpu", "--dtype", dtype)
     expect_equal("--dtype float32: a disabled GradScaler saves an empty state", fp32_scaler, {})
     for step, (actual, expected) in enumerate(zip(losses, fp32_losses), start=1):
-        assert abs(actual - expected) <= AUTOCAST_LOSS_ATOL and actual != expected, (
+        assert abs(actual - expected) <= AUTOCAST_LOSS_ATOL, (
             f"--dtype {dtype}, update {step}: loss ACTUAL {actual!r} vs fp32 EXPECTED {expected!r} "
-            f"(within {AUTOCAST_LOSS_ATOL} but not bitwise equal: autocast must really run)")
+            f"(atol {AUTOCAST_LOSS_ATOL}: autocast rounding)")
+    # One mean over 120 tokens can round to the fp32 bits by chance (seen for fp16 on an AMD EPYC); three cannot.
+    assert losses != fp32_losses, f"--dtype {dtype}: every loss is fp32's bit for bit ({losses}): autocast did not run"
     if dtype == "bfloat16":
         expect_equal("--dtype bfloat16: GradScaler state (disabled: bf16 has fp32's range)", scaler, {})
     else:
