@@ -136,7 +136,10 @@ def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
     samples cut into K micro-batches, and assert every parameter's gradient is close to the big batch's
     (``torch.testing.assert_close`` with a stated ``rtol`` / ``atol``). Return nothing; raise
     ``AssertionError`` (any failing ``assert``) when the implementation is wrong. The grader runs it on
-    wrong implementations too (§5.6 lists them): each must make it fail.
+    wrong implementations too (§5.6 lists them): each must make it fail. They include a division by the
+    micro-batch size (so use micro-batches of a size other than K), the first micro-batch alone (so use
+    different samples in each) and, one per large parameter tensor, a gradient 1 % off in that tensor
+    alone (so compare every parameter, with a tolerance far below 1 %; float rounding here is ~1e-8).
     """
     raise NotImplementedError("test_accumulation_matches_big_batch: TODO - see lesson 14 §5.6")
 

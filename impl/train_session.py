@@ -155,6 +155,7 @@ def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
     ``accumulate_token_weighted`` on a second model, and assert every parameter's gradient is close
     (``torch.testing.assert_close`` with a stated ``rtol`` / ``atol``). Return nothing; raise
     ``AssertionError`` when the implementation is wrong. The grader runs it on wrong implementations
-    too (§4.4 lists them): each must make it fail.
+    too (§4.4 lists them): each must make it fail. They include, one per large parameter tensor, a
+    gradient 1 % off in that tensor alone: compare every parameter, with a tolerance far below 1 %.
     """
     raise NotImplementedError("test_token_weighted_matches_global_batch: TODO - see lesson 16 §4.4")

@@ -426,7 +426,7 @@ WRONG_ACCUMULATIONS = (
 def accumulation_test_passes_correct_and_fails_wrong(impl):
     """Your test passes the correct accumulation (course/runs/accumulation.py, and the same in float64) and
     raises AssertionError on each of 5 wrong ones: no division by K, division by K twice, zero_grad every
-    micro-batch, the first micro-batch only, division by the micro-batch size."""
+    micro-batch, the first micro-batch only, division by the micro-batch size; and on one gradient tensor 1 % off."""
     grade_student_test("test_accumulation_matches_big_batch", impl.test_accumulation_matches_big_batch,
                        (accumulate_gradients, in_float64(accumulate_gradients)), WRONG_ACCUMULATIONS,
                        "a correct accumulation differs from one big batch by float rounding (~1e-8 here, other "
@@ -536,6 +536,18 @@ _ASSERT_GRADIENTS = ('        torch.testing.assert_close(param.grad, expected.gr
                      '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
 LESSON.mistake("test_asserts_nothing", "the test compares nothing: every implementation passes",
                _ASSERT_GRADIENTS, "        pass\n", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",
+               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+               + _ASSERT_GRADIENTS,
+               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+               + _ASSERT_GRADIENTS + "        break\n", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_gradient_norm_only", "compares the norm of all gradients together, not the gradients",
+               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+               + _ASSERT_GRADIENTS,
+               "    norms = [torch.stack([p.grad.norm() for p in m.parameters()]).norm() for m in (model, big)]\n"
+               "    torch.testing.assert_close(norms[0], norms[1], rtol=1e-4, atol=1e-6)\n", accumulation_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_rtol_one_percent", "rtol=1e-2: a gradient 1 % off in one tensor passes",
+               "rtol=1e-4, atol=1e-6,", "rtol=1e-2, atol=1e-6,", accumulation_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients themselves",
                "rtol=1e-4, atol=1e-6,", "rtol=1e-4, atol=1.0,", accumulation_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
@@ -728,11 +740,19 @@ def adamw_param_groups_exempt_norms_and_embeddings(impl):
 
 @check("adamw_param_groups")
 def adamw_param_groups_reject_bad_weight_decay(impl):
-    """A negative or NaN weight_decay raises ValueError naming weight_decay."""
+    """A negative or NaN weight_decay raises ValueError naming weight_decay; 0 and values >= 1 are valid."""
     model = tiny_model(LoopScenario("param groups"))
     for value in (-0.1, float("nan")):
         expect_raises(f"adamw_param_groups(model, {value})", lambda: impl.adamw_param_groups(model, value),
                       ValueError, "weight_decay")
+    for value in (0.0, 1.0, 2.5):
+        try:
+            groups = impl.adamw_param_groups(model, value)
+        except ValueError as exc:
+            fail(f"adamw_param_groups(model, {value}) (a valid weight decay)", f"ValueError: {exc}",
+                 "two groups; only a negative or NaN weight_decay is an error")
+        expect_equal(f"adamw_param_groups(model, {value}): weight_decay of each group",
+                     [g.get("weight_decay") for g in groups], [value, 0.0])
 
 # --- warmup_cosine_lr (§10.4) ----------------------------------------------------------------------
 
@@ -809,6 +829,8 @@ LESSON.mistake("tied_weight_listed_twice", "named_parameters(remove_duplicate=Fa
 LESSON.mistake("frozen_parameters_grouped", "parameters with requires_grad=False go to the optimizer too",
                "        if not param.requires_grad:\n            continue\n", "",
                adamw_param_groups_exempt_norms_and_embeddings)
+LESSON.mistake("rejects_zero_weight_decay", "weight_decay > 0 as the rule: the valid 0.0 (no decay at all) raises",
+               "if not weight_decay >= 0:", "if not weight_decay > 0:", adamw_param_groups_reject_bad_weight_decay)
 LESSON.mistake("accepts_nan_weight_decay", "weight_decay < 0 as the test: NaN passes",
                "if not weight_decay >= 0:", "if weight_decay < 0:", adamw_param_groups_reject_bad_weight_decay)
 LESSON.mistake("cosine_ignores_warmup", "after the warmup the cosine runs over s / T, not (s - W) / (T - W)",

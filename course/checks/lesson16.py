@@ -622,7 +622,7 @@ WRONG_TOKEN_WEIGHTINGS = (
 def token_weighted_test_passes_correct_and_fails_wrong(impl):
     """Your test passes the correct token-weighted accumulation (course/runs/accumulation.py, and the same in
     float64) and raises AssertionError on each of 4 wrong ones: the mean of micro-batch means, a count with the
-    masked targets, each micro-batch by its own count, a count without the shift."""
+    masked targets, each micro-batch by its own count, a count without the shift; and on one gradient tensor 1 % off."""
     grade_student_test("test_token_weighted_matches_global_batch", impl.test_token_weighted_matches_global_batch,
                        (accumulate_token_weighted, in_float64(accumulate_token_weighted)), WRONG_TOKEN_WEIGHTINGS,
                        "a correct accumulation differs from one global-batch backward by float rounding (~1e-8 "
@@ -768,6 +768,18 @@ LESSON.mistake("test_equal_counts", "every sample fully valid: 30 targets per mi
 LESSON.mistake("test_one_micro_batch", "K = 1: one micro-batch's count is the global count",
                "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 15),)",
                token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",
+               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+               + _ASSERT_GRADIENTS,
+               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+               + _ASSERT_GRADIENTS + "        break\n", token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_gradient_norm_only", "compares the norm of all gradients together, not the gradients",
+               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
+               + _ASSERT_GRADIENTS,
+               "    norms = [torch.stack([p.grad.norm() for p in m.parameters()]).norm() for m in (model, big)]\n"
+               "    torch.testing.assert_close(norms[0], norms[1], rtol=1e-5, atol=1e-6)\n", token_weighted_test_passes_correct_and_fails_wrong)
+LESSON.mistake("test_rtol_one_percent", "rtol=1e-2: a gradient 1 % off in one tensor passes",
+               "rtol=1e-5, atol=1e-6,", "rtol=1e-2, atol=1e-6,", token_weighted_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients' differences",
                "rtol=1e-5, atol=1e-6,", "rtol=1e-5, atol=1.0,", token_weighted_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_target_counts_unshifted", "the global-batch target divides by labels != -100 (no shift)",

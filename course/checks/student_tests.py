@@ -11,12 +11,21 @@ the crash comes from the test's own code, and the same crash can hide a real bug
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
+
+import torch
 
 from .framework import fail
 
 MESSAGE_CHARS = 600   # of the student's own assertion message, quoted in a failure
+# One gradient tensor made this much too large is a wrong implementation too: a test must compare every
+# parameter with a tolerance far below it (float rounding here is ~1e-8). Only tensors holding at least
+# ONE_TENSOR_SHARE of the total gradient norm are perturbed, so a bound on the relative error of all
+# gradients together (||actual - expected|| / ||expected|| <= 1e-5) still sees each perturbation.
+ONE_TENSOR_ERROR = 1e-2
+ONE_TENSOR_SHARE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,43 @@ class WrongImplementation:
     accumulate: Callable
 
 
+class OneGradientOff:
+    """The correct ``accumulate``, then the gradient of the ``index``-th large parameter tensor of the model
+    it was given scaled by ``1 + ONE_TENSOR_ERROR``. ``tensors`` records how many qualify (None: never called)."""
+
+    def __init__(self, accumulate: Callable, index: int):
+        self.index, self.name, self.tensors, self.parameter = index, f"accumulate_one_gradient_off[{index}]", None, "?"
+        self.hint = ("compare EVERY parameter's gradient (not one tensor, a norm or a sum), with a tolerance far "
+                     f"below {ONE_TENSOR_ERROR:.0%}")
+        self._accumulate = accumulate
+
+    @property
+    def wrong(self) -> str:
+        return f"correct except that the gradient of {self.parameter} is {ONE_TENSOR_ERROR:.0%} too large"
+
+    def accumulate(self, model, *args) -> None:
+        self._accumulate(model, *args)
+        named = [(name, p) for name, p in model.named_parameters() if p.grad is not None]
+        total = float(torch.sqrt(sum(p.grad.double().pow(2).sum() for _, p in named))) if named else 0.0
+        large = [(name, p) for name, p in named if float(p.grad.double().norm()) >= ONE_TENSOR_SHARE * total > 0]
+        self.tensors = len(large)
+        if self.index < len(large):
+            self.parameter, param = large[self.index]
+            param.grad.mul_(1 + ONE_TENSOR_ERROR)
+
+
+def one_gradient_off(accumulate: Callable) -> Iterator[OneGradientOff]:
+    """One wrong implementation per large gradient tensor of the model the student's test uses, made
+    lazily: the count is known once the test has called the first one."""
+    index = 0
+    while True:
+        wrong = OneGradientOff(accumulate, index)
+        yield wrong
+        index += 1
+        if wrong.tensors is None or index >= wrong.tensors:
+            return
+
+
 def _short(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
@@ -35,7 +81,8 @@ def _short(exc: BaseException) -> str:
 def grade_student_test(test_name: str, student_test: Callable, correct: Sequence[Callable],
                        wrong: Sequence[WrongImplementation], correct_hint: str) -> None:
     """``student_test(c)`` returns for every ``c`` in ``correct``; ``student_test(w.accumulate)`` raises
-    ``AssertionError`` for every ``w`` in ``wrong``. A stub's NotImplementedError propagates (TODO)."""
+    ``AssertionError`` for every ``w`` in ``wrong`` and in ``one_gradient_off(correct[0])``. A stub's
+    NotImplementedError propagates (TODO)."""
     for implementation in correct:
         try:
             student_test(implementation)
@@ -48,7 +95,7 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
             fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
                  "the test returns (passes)", "hint: the implementation's contract is in its docstring "
                  "(course/runs/accumulation.py); run your test on it by hand")
-    for implementation in wrong:
+    for implementation in itertools.chain(wrong, one_gradient_off(correct[0])):
         try:
             student_test(implementation.accumulate)
         except NotImplementedError:

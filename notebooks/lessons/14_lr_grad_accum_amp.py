@@ -87,7 +87,7 @@ torch.set_num_threads(1)
 # This time you write the test: K accumulated micro-batches with loss / K give the gradient of one big
 # batch. Its argument is the implementation under test; `accumulate_gradients` (imported above) is a
 # correct one, so `test_accumulation_matches_big_batch(accumulate_gradients)` must return. The grade cell
-# also runs your test on five wrong implementations, and each must make it raise `AssertionError`.
+# also runs your test on five wrong implementations (and one per large gradient tensor 1 % off), and each must make it raise `AssertionError`.
 
 # %%
 # exercise: test_accumulation_matches_big_batch

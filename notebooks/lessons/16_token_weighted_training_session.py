@@ -86,7 +86,7 @@ torch.set_num_threads(1)
 # You write the test: token-weighted accumulation over micro-batches with UNEQUAL valid-target counts
 # gives the global batch's gradient. `accumulate_token_weighted` (imported above) is a correct
 # implementation, so `test_token_weighted_matches_global_batch(accumulate_token_weighted)` must return.
-# The grade cell also runs your test on four wrong implementations, and each must make it raise
+# The grade cell also runs your test on four wrong implementations (and one per large gradient tensor 1 % off), and each must make it raise
 # `AssertionError`.
 
 # %%
