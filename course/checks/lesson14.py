@@ -20,7 +20,7 @@ from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENA
 
 from .framework import (CheckFailure, Exercise, Lesson, expect_close, expect_equal, expect_raises,
                         expect_tensor_close, expect_tensors_close, fail)
-from .student_tests import WrongImplementation, grade_student_test
+from .student_tests import WrongImplementation, catalogue_weak_comparisons, grade_student_test
 
 
 def mechanics_report(impl) -> list[str]:
@@ -532,24 +532,7 @@ LESSON.equivalent("not_modulo", "not step % K instead of step % K == 0",
 
 
 # The student's test (reference: course/reference/train_loop.py) with one edit each.
-_ASSERT_GRADIENTS = ('        torch.testing.assert_close(param.grad, expected.grad, rtol=1e-4, atol=1e-6,\n'
-                     '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
-LESSON.mistake("test_asserts_nothing", "the test compares nothing: every implementation passes",
-               _ASSERT_GRADIENTS, "        pass\n", accumulation_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",
-               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
-               + _ASSERT_GRADIENTS,
-               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
-               + _ASSERT_GRADIENTS + "        break\n", accumulation_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_gradient_norm_only", "compares the norm of all gradients together, not the gradients",
-               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
-               + _ASSERT_GRADIENTS,
-               "    norms = [torch.stack([p.grad.norm() for p in m.parameters()]).norm() for m in (model, big)]\n"
-               "    torch.testing.assert_close(norms[0], norms[1], rtol=1e-4, atol=1e-6)\n", accumulation_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_rtol_one_percent", "rtol=1e-2: a gradient 1 % off in one tensor passes",
-               "rtol=1e-4, atol=1e-6,", "rtol=1e-2, atol=1e-6,", accumulation_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients themselves",
-               "rtol=1e-4, atol=1e-6,", "rtol=1e-4, atol=1.0,", accumulation_test_passes_correct_and_fails_wrong)
+_ASSERT_GRADIENTS = catalogue_weak_comparisons(LESSON, "1e-4", accumulation_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
                "rtol=1e-4, atol=1e-6,", "rtol=0.0, atol=0.0,", accumulation_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_with_k_1", "one micro-batch of 12: a missing division by K cannot show",

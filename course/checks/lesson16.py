@@ -21,7 +21,7 @@ from course.runs import (SESSION_SCENARIO, accumulate_token_weighted, capture_gr
 
 from .framework import (Exercise, Lesson, expect_close, expect_equal, expect_raises, expect_tensors_close,
                         fail)
-from .student_tests import WrongImplementation, grade_student_test
+from .student_tests import WrongImplementation, catalogue_weak_comparisons, grade_student_test
 
 LESSON = Lesson(
     lesson_id="16",
@@ -758,30 +758,13 @@ LESSON.equivalent('ceil_by_negation', '-(-n // b) instead of math.ceil(n / b)',
                   'return -(-sample_count // global_batch_size)')
 
 # The student's test (reference: course/reference/train_session.py) with one edit each.
-_ASSERT_GRADIENTS = ('        torch.testing.assert_close(param.grad, expected.grad, rtol=1e-5, atol=1e-6,\n'
-                     '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
-LESSON.mistake("test_asserts_nothing", "the test compares nothing: every implementation passes",
-               _ASSERT_GRADIENTS, "        pass\n", token_weighted_test_passes_correct_and_fails_wrong)
+_ASSERT_GRADIENTS = catalogue_weak_comparisons(LESSON, "1e-5", token_weighted_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_equal_counts", "every sample fully valid: 30 targets per micro-batch, the mean of means is right",
                "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 16),) * 4",
                token_weighted_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_one_micro_batch", "K = 1: one micro-batch's count is the global count",
                "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 15),)",
                token_weighted_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",
-               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
-               + _ASSERT_GRADIENTS,
-               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
-               + _ASSERT_GRADIENTS + "        break\n", token_weighted_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_gradient_norm_only", "compares the norm of all gradients together, not the gradients",
-               "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
-               + _ASSERT_GRADIENTS,
-               "    norms = [torch.stack([p.grad.norm() for p in m.parameters()]).norm() for m in (model, big)]\n"
-               "    torch.testing.assert_close(norms[0], norms[1], rtol=1e-5, atol=1e-6)\n", token_weighted_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_rtol_one_percent", "rtol=1e-2: a gradient 1 % off in one tensor passes",
-               "rtol=1e-5, atol=1e-6,", "rtol=1e-2, atol=1e-6,", token_weighted_test_passes_correct_and_fails_wrong)
-LESSON.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients' differences",
-               "rtol=1e-5, atol=1e-6,", "rtol=1e-5, atol=1.0,", token_weighted_test_passes_correct_and_fails_wrong)
 LESSON.mistake("test_target_counts_unshifted", "the global-batch target divides by labels != -100 (no shift)",
                "/ shifted_target_count(labels)).backward()", "/ int((labels != -100).sum())).backward()",
                token_weighted_test_passes_correct_and_fails_wrong)
