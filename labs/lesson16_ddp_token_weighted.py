@@ -13,7 +13,8 @@ import argparse
 
 import torch
 
-from course.lesson16_runtime.ddp import ddp_update_gradients, gloo_process_group
+from course.lesson16_runtime.ddp import ddp_update_gradients
+from course.runs.distributed import process_group
 from course.runs import global_batch_gradients, masked_micro_batches
 
 
@@ -24,7 +25,7 @@ def flat(grads: dict) -> torch.Tensor:
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     torch.set_num_threads(1)
-    with gloo_process_group() as (rank, world_size):
+    with process_group("gloo") as (rank, world_size):
         results = ddp_update_gradients(rank, world_size)
         if rank == 0:
             expected = flat(global_batch_gradients(masked_micro_batches())[0])

@@ -436,17 +436,17 @@ def test_gloo_process_group_frees_ddp_objects_before_teardown():
     # DDP sits in reference cycles; if only interpreter shutdown frees it, the gloo teardown
     # aborts now and then (SIGABRT, seen in CI), so the context manager must collect first.
     from torch.nn.parallel import DistributedDataParallel
-    from course.lesson16_runtime.ddp import free_port, gloo_process_group
+    from course.runs.distributed import free_port, process_group
     collector_was_enabled = gc.isenabled()
     gc.disable()   # keep the automatic collector from doing the context manager's job
     try:
-        with gloo_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1):
+        with process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1):
             model = DistributedDataParallel(torch.nn.Linear(2, 2))
             model.in_a_cycle = [model]   # DDP often sits in one (how often depends on torch's state)
             ddp = weakref.ref(model)
             del model
             assert ddp() is not None, "the cycle should keep the DDP object alive until collected"
-        assert ddp() is None, "ACTUAL: DDP object alive after gloo_process_group; EXPECTED: freed before destroy"
+        assert ddp() is None, "ACTUAL: DDP object alive after process_group; EXPECTED: freed before destroy"
     finally:
         if collector_was_enabled:
             gc.enable()

@@ -71,16 +71,10 @@ def ddp_update_gradients(rank: int, world_size: int) -> dict[str, dict[str, torc
     return results
 
 
-def gloo_process_group(**init_kwargs):
-    """Join the gloo process group for the block; free every DDP object before leaving it
-    (``course.runs.distributed.process_group`` says why)."""
-    return process_group("gloo", **init_kwargs)
-
-
 def _spawned_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    with gloo_process_group(rank=rank, world_size=world_size):
+    with process_group("gloo", rank=rank, world_size=world_size):
         torch.save(ddp_update_gradients(rank, world_size), Path(out_dir) / f"rank{rank}.pt")
 
 
