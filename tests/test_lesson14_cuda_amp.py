@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.checks.lesson14 import LESSON, compare_runs
+from course.checks.lesson14 import LESSON
+from course.checks.lesson14.loop import compare_runs
 from course.runs import run_impl, run_oracle
 from course.runs.scenarios import LOOP_BASE
 

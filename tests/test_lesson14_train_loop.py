@@ -6,7 +6,7 @@ import pytest
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal, run_check
-from course.checks.lesson14 import loss_hint, norm_hint
+from course.checks.lesson14.loop import loss_hint, norm_hint
 
 LESSON = get_lesson("14")
 # MiniMind's get_lr minus cosine_lr at six steps of a 20-step run, loss 8 over K=4, K=4 over 8 micro-steps.

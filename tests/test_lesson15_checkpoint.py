@@ -20,7 +20,7 @@ from stub_copies import untouched_impl
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal
-from course.checks.lesson15 import compare_resumed
+from course.checks.lesson15.checks import compare_resumed
 from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind.train_pretrain import build_training
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler

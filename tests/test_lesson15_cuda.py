@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from course.checks.lesson15 import compare_resumed
+from course.checks.lesson15.checks import compare_resumed
 from course.implementations import load_implementation
 from course.runs import compute_oracle, resume_and_finish, run_oracle, save_objects, train_until
 from course.runs.scenarios import RESUME_BASE

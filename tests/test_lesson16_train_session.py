@@ -16,7 +16,7 @@ import torch
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal, expect_tensors_close
-from course.checks.lesson16 import GRAD_ATOL, GRAD_RTOL
+from course.checks.lesson16.checks import GRAD_ATOL, GRAD_RTOL
 from course.implementations import load_module
 from course.lesson16_runtime import train_text
 from course.lesson16_runtime.driver import LossReadback, run_text_training

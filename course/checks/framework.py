@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from course.implementations import (REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, load_implementation,
-                                    module_from_source)
+from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, load_implementation
+
+from .catalogue import Mistake
 
 PASS, FAIL, TODO = "PASS", "FAIL", "TODO"
 
@@ -44,47 +45,61 @@ class Exercise:
     optional: bool = False  # an extension: graded only with ``check --all``, never in the exit code or the points
 
 
+CHECK_MARK = "course_check"   # the attribute ``check`` sets on a check function
+
+
+def check(exercise: str, *, hidden: bool = False, uses: tuple[str, ...] = ()):
+    """Decorator: mark ``fn`` as a check of ``exercise`` (its docstring explains it; ``hidden``: graded in
+    the notebook's hidden cell; ``uses``: other exercises it calls). The lesson's descriptor collects the
+    marked functions of its check modules with ``checks_in``."""
+    def mark(fn):
+        setattr(fn, CHECK_MARK, Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip(), hidden, tuple(uses)))
+        return fn
+    return mark
+
+
+def checks_in(*modules: ModuleType) -> list[Check]:
+    """The checks defined in ``modules``, module by module in definition order (the order they run)."""
+    return [getattr(value, CHECK_MARK) for module in modules for value in vars(module).values()
+            if hasattr(value, CHECK_MARK) and getattr(value, "__module__", None) == module.__name__]
+
+
 @dataclass(frozen=True)
-class Mistake:
-    """A typical wrong implementation: the reference with ``old`` replaced by ``new`` (once).
-    ``caught_by`` names the check that must FAIL; an accepted equivalent has none and must PASS."""
-    lesson: str
-    name: str
-    description: str
-    old: str
-    new: str
-    caught_by: str
-    module_file: str
-
-    def source(self) -> str:
-        original = (REFERENCE_DIR / self.module_file).read_text(encoding="utf-8")
-        count = original.count(self.old)
-        if count != 1:
-            raise ValueError(f"mistake {self.name!r}: its 'old' snippet occurs {count} times in "
-                             f"{self.module_file}, expected exactly once (did the reference change?)")
-        return original.replace(self.old, self.new)
-
-    def build(self) -> ModuleType:
-        return module_from_source(self.source(), f"{self.lesson}_{self.name}",
-                                  f"<mistake {self.name}: {self.module_file}>")
-
-
-@dataclass
 class Lesson:
-    """One lesson, described once: its texts, stub, reference, checks, mistake catalogue, notebook
-    grading and labs. Every file a lesson needs is derived from ``lesson_id``, ``slug`` and ``module``
-    (see ``files``); ``python -m course new-lesson`` writes their skeletons."""
+    """One lesson, described once and complete (``course/checks/lessonNN/__init__.py``): its texts, stub,
+    reference, exercises, checks, mistake catalogue, notebook grading and labs. Every file a lesson needs is
+    derived from ``lesson_id``, ``slug`` and ``module`` (see ``files``); ``python -m course new-lesson``
+    writes their skeletons."""
     lesson_id: str
     slug: str               # e.g. "lr_grad_accum_amp": lesson text and notebook are "<id>_<slug>"
     title: str
     module: str             # the exercise module, e.g. "train_loop": impl/train_loop.py
-    exercises: list[Exercise]
+    exercises: Sequence[Exercise]
+    checks: Sequence[Check] = ()        # checks_in(the lesson's check modules)
+    mistakes: Sequence[Mistake] = ()    # wrong variants, each FAILS the check it names
+    equivalents: Sequence[Mistake] = ()  # equivalent variants, each PASSES every check
     labs: tuple[str, ...] = ()          # scripts under labs/
     notebook_mistake: str = ""          # a catalogued mistake only a hidden check catches (autograde test)
     report: Optional[Callable[[ModuleType], list[str]]] = None   # ``python -m course align`` lines
-    checks: list[Check] = field(default_factory=list)
-    mistakes: list[Mistake] = field(default_factory=list)
-    equivalents: list[Mistake] = field(default_factory=list)
+
+    def __post_init__(self):
+        """Bind the catalogue to this lesson and refuse a descriptor whose parts do not fit together."""
+        def bound(entries):
+            return tuple(m.bound(self.lesson_id, self.module_file) for m in entries)
+        for name, value in (("exercises", tuple(self.exercises)), ("checks", tuple(self.checks)),
+                            ("mistakes", bound(self.mistakes)), ("equivalents", bound(self.equivalents)),
+                            ("labs", tuple(self.labs))):
+            object.__setattr__(self, name, value)
+        for c in self.checks:
+            for name in (c.exercise, *c.uses):
+                self.exercise(name)
+        names = [c.name for c in self.checks]
+        doubled = sorted({n for n in names if names.count(n) > 1})
+        if doubled:
+            raise ValueError(f"lesson {self.lesson_id}: check names must be unique, {doubled} repeat")
+        unknown = [(m.name, m.caught_by) for m in self.mistakes if m.caught_by not in names]
+        if unknown:
+            raise ValueError(f"lesson {self.lesson_id}: mistakes caught by no check of the lesson: {unknown}")
 
     @property
     def name(self) -> str:
@@ -99,15 +114,21 @@ class Lesson:
         return f"{self.name}.md"
 
     def files(self) -> dict[str, Path]:
-        """Every file the lesson needs, by role, as absolute paths."""
+        """Every file of the lesson, by role, as absolute paths: the one place a lesson's layout is spelled
+        (the scaffold writes these, the notebooks and the syllabus read them)."""
+        package = REPO_ROOT / "course" / "checks" / f"lesson{self.lesson_id}"
         return {
             "lesson text (en)": REPO_ROOT / "course" / "lessons" / self.lesson_file,
             "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / self.lesson_file,
             "stub": STUDENT_DIR / self.module_file,
             "reference": REFERENCE_DIR / self.module_file,
-            "checks": REPO_ROOT / "course" / "checks" / f"lesson{self.lesson_id}.py",
+            "descriptor": package / "__init__.py",
+            "checks": package / "checks.py",
+            "mistakes": package / "mistakes.py",
             "test": REPO_ROOT / "tests" / f"test_lesson{self.lesson_id}_{self.module}.py",
             "notebook": REPO_ROOT / "notebooks" / "lessons" / f"{self.name}.py",
+            "notebook source": REPO_ROOT / "notebooks" / "source" / self.name / f"{self.name}.ipynb",
+            "notebook release": REPO_ROOT / "notebooks" / "release" / self.name / f"{self.name}.ipynb",
             **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in self.labs},
         }
 
@@ -120,25 +141,6 @@ class Lesson:
         if name not in names:
             raise ValueError(f"exercise must be one of {names}, got {name!r}")
         return self.exercises[names.index(name)]
-
-    def check(self, exercise: str, *, hidden: bool = False, uses: tuple[str, ...] = ()):
-        """Decorator: register ``fn`` as a check of ``exercise`` (its docstring explains it)."""
-        for name in (exercise, *uses):
-            self.exercise(name)
-
-        def register(fn):
-            self.checks.append(Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip(), hidden, tuple(uses)))
-            return fn
-        return register
-
-    def mistake(self, name: str, description: str, old: str, new: str, caught_by: Callable) -> None:
-        """Catalogue a wrong variant of the reference that the check ``caught_by`` must FAIL."""
-        self.mistakes.append(Mistake(self.lesson_id, name, description, old, new, caught_by.__name__,
-                                     self.module_file))
-
-    def equivalent(self, name: str, description: str, old: str, new: str) -> None:
-        """Catalogue an algebraically equivalent variant of the reference that must PASS every check."""
-        self.equivalents.append(Mistake(self.lesson_id, name, description, old, new, "", self.module_file))
 
     def section_of(self, exercise: str) -> str:
         return self.exercise(exercise).section

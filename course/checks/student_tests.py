@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .catalogue import Mistake, mistake
 from .framework import fail
 
 MESSAGE_CHARS = 600   # of the student's own assertion message, quoted in a failure
@@ -117,23 +118,27 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
 COMPARE_EVERY_PARAMETER = "    for (name, param), expected in zip(model.named_parameters(), big.parameters()):\n"
 
 
-def catalogue_weak_comparisons(lesson, rtol: str, check: Callable) -> str:
-    """Catalogue, on ``lesson``, the weakenings of its reference test's last lines (both reference tests
-    end by comparing every parameter's gradient with ``assert_close(rtol=rtol, atol=1e-6)``); each must
-    FAIL ``check``. Returns that assertion line, for the lesson's own mistakes and equivalents."""
-    assert_gradients = (f"        torch.testing.assert_close(param.grad, expected.grad, rtol={rtol}, atol=1e-6,\n"
-                        '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
-    comparison = COMPARE_EVERY_PARAMETER + assert_gradients
-    lesson.mistake("test_asserts_nothing", "the test compares nothing: every implementation passes",
-                   assert_gradients, "        pass\n", check)
-    lesson.mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",
-                   comparison, comparison + "        break\n", check)
-    lesson.mistake("test_gradient_norm_only", "compares the norm of all gradients together, not the gradients",
-                   comparison,
-                   "    norms = [torch.stack([p.grad.norm() for p in m.parameters()]).norm() for m in (model, big)]\n"
-                   f"    torch.testing.assert_close(norms[0], norms[1], rtol={rtol}, atol=1e-6)\n", check)
-    lesson.mistake("test_rtol_one_percent", "rtol=1e-2: a gradient 1 % off in one tensor passes",
-                   f"rtol={rtol}, atol=1e-6,", "rtol=1e-2, atol=1e-6,", check)
-    lesson.mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients themselves",
-                   f"rtol={rtol}, atol=1e-6,", f"rtol={rtol}, atol=1.0,", check)
-    return assert_gradients
+def assert_gradients(rtol: str) -> str:
+    """The last line of both reference tests: every parameter's gradient against the big batch's."""
+    return (f"        torch.testing.assert_close(param.grad, expected.grad, rtol={rtol}, atol=1e-6,\n"
+            '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
+
+
+def weak_comparisons(function: str, rtol: str, check: Callable) -> list[Mistake]:
+    """The weakenings of a reference test's last lines (``function`` ends by comparing every parameter's
+    gradient with ``assert_close(rtol=rtol, atol=1e-6)``); each must FAIL ``check``."""
+    comparison = COMPARE_EVERY_PARAMETER + assert_gradients(rtol)
+    return [
+        mistake("test_asserts_nothing", "the test compares nothing: every implementation passes", function,
+                assert_gradients(rtol), "        pass\n", check),
+        mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",
+                function, comparison, comparison + "        break\n", check),
+        mistake("test_gradient_norm_only", "compares the norm of all gradients together, not the gradients", function,
+                comparison,
+                "    norms = [torch.stack([p.grad.norm() for p in m.parameters()]).norm() for m in (model, big)]\n"
+                f"    torch.testing.assert_close(norms[0], norms[1], rtol={rtol}, atol=1e-6)\n", check),
+        mistake("test_rtol_one_percent", "rtol=1e-2: a gradient 1 % off in one tensor passes", function,
+                f"rtol={rtol}, atol=1e-6,", "rtol=1e-2, atol=1e-6,", check),
+        mistake("test_tolerance_far_too_loose", "atol=1.0: larger than the gradients themselves", function,
+                f"rtol={rtol}, atol=1e-6,", f"rtol={rtol}, atol=1.0,", check),
+    ]

@@ -1,0 +1,37 @@
+"""Lesson 14: learning rate, gradient accumulation, mixed precision and clipping - the descriptor.
+
+The checks live beside it (``checks`` the four small functions, ``loop`` train_one_epoch, ``test_writing`` the
+student's test, ``extensions`` the optional §10), the mistake catalogue in ``mistakes``.
+"""
+from __future__ import annotations
+
+from ..framework import Exercise, Lesson, checks_in
+from . import checks, extensions, loop, mistakes, test_writing
+
+LESSON = Lesson(
+    lesson_id="14",
+    slug="lr_grad_accum_amp",
+    title="Learning rate, gradient accumulation and mixed precision",
+    module="train_loop",
+    exercises=[
+        Exercise("cosine_lr", "14 §5.1", points=2, hidden_points=1),
+        Exercise("scale_loss_for_accumulation", "14 §5.2", points=1, hidden_points=1),
+        Exercise("should_step_optimizer", "14 §5.3", points=1, hidden_points=1),
+        Exercise("should_flush_tail", "14 §5.4", points=1, hidden_points=1),
+        Exercise("train_one_epoch", "14 §5.5", points=3, hidden_points=2),
+        Exercise("test_accumulation_matches_big_batch", "14 §5.6", points=2),
+        # Extensions: fix upstream (§10). Optional: graded by ``check 14 --all``, never in the exit code or points.
+        Exercise("accumulation_divisor", "14 §10.1", optional=True),
+        Exercise("lr_per_update", "14 §10.2", optional=True),
+        Exercise("update_cadence_due", "14 §10.2", optional=True),
+        Exercise("adamw_param_groups", "14 §10.3", optional=True),
+        Exercise("warmup_cosine_lr", "14 §10.4", optional=True),
+    ],
+    checks=checks_in(checks, loop, test_writing, extensions),
+    mistakes=mistakes.MISTAKES,
+    equivalents=mistakes.EQUIVALENTS,
+    labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "lesson14_predictions.py",
+          "bench_lesson14_grader.py", "bench_lesson14_streaming.py", "lesson14_fix_upstream.py"),
+    notebook_mistake="clip_before_unscale",
+    report=checks.mechanics_report,
+)

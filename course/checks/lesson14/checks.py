@@ -1,0 +1,143 @@
+"""Lesson 14 checks of the four small functions: the cosine schedule, the loss scaling, when to step and
+when to flush the tail; and the alignment report of ``python -m course align 14``.
+
+Tolerances let algebraically equivalent code pass (``loss * (1 / K)``, a rearranged cosine) while every
+catalogued mistake (``mistakes.py``) fails; the mistake-catalogue tests prove both.
+"""
+from __future__ import annotations
+
+import torch
+
+from course.minimind import get_lr
+
+from ..framework import check, expect_close, expect_equal, expect_raises, fail
+
+# Steps of a 20-step run where the report and the first check compare the schedule.
+REPORT_LR_STEPS = (0, 1, 5, 10, 19, 20)
+LR_RTOL = 1e-12          # a rearranged formula differs by a few ulps, a wrong one by >= 1e-3
+
+
+def mechanics_report(impl) -> list[str]:
+    """The lines ``python -m course align 14`` prints: lr differences from MiniMind's get_lr along a
+    20-step run, a scaled loss and the optimizer-step positions."""
+    lines = []
+    for step in REPORT_LR_STEPS:
+        diff = abs(impl.cosine_lr(step, 20, 5e-4) - get_lr(step, 20, 5e-4))
+        lines.append(f"lr_step_{step}_diff={diff:.12f}")
+    scaled = impl.scale_loss_for_accumulation(torch.tensor(8.0), 4)
+    lines.append(f"scaled_loss={float(scaled):.6f}")
+    lines.append(f"optimizer_step_micro_steps={optimizer_step_positions(impl, 8, 4)}")
+    return lines
+
+
+# --- cosine_lr -----------------------------------------------------------------------------
+
+
+@check("cosine_lr")
+def cosine_lr_matches_get_lr(impl):
+    """cosine_lr equals MiniMind's get_lr along a 20-step run and across several (T, lr)."""
+    cases = [(s, 20, 5e-4) for s in REPORT_LR_STEPS] + [
+        (0, 1, 1.0), (1, 1, 1.0), (3, 7, 1e-3), (333, 1000, 3e-4), (12, 12, 2.0)]
+    for step, total, lr in cases:
+        expect_close(f"cosine_lr({step}, {total}, {lr})", impl.cosine_lr(step, total, lr),
+                     get_lr(step, total, lr), rtol=LR_RTOL)
+
+
+@check("cosine_lr")
+def cosine_lr_endpoints(impl):
+    """The schedule starts at base_lr and ends at 0.1 * base_lr (no warmup, no decay to 0)."""
+    expect_close("cosine_lr(0, 100, 1.0) (start)", impl.cosine_lr(0, 100, 1.0), 1.0, rtol=LR_RTOL)
+    expect_close("cosine_lr(100, 100, 1.0) (end)", impl.cosine_lr(100, 100, 1.0), 0.1, rtol=LR_RTOL)
+    expect_close("cosine_lr(50, 100, 1.0) (middle)", impl.cosine_lr(50, 100, 1.0), 0.55, rtol=LR_RTOL)
+
+
+@check("cosine_lr", hidden=True)
+def cosine_lr_rejects_bad_arguments(impl):
+    """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument."""
+    expect_raises("cosine_lr(0, 0, 1e-3)", lambda: impl.cosine_lr(0, 0, 1e-3), ValueError, "total_steps")
+    expect_raises("cosine_lr(0, -5, 1e-3)", lambda: impl.cosine_lr(0, -5, 1e-3), ValueError, "total_steps")
+    expect_raises("cosine_lr(-1, 10, 1e-3)", lambda: impl.cosine_lr(-1, 10, 1e-3), ValueError, "current_step")
+    expect_raises("cosine_lr(11, 10, 1e-3)", lambda: impl.cosine_lr(11, 10, 1e-3), ValueError, "current_step")
+
+# --- scale_loss_for_accumulation -----------------------------------------------------------
+
+
+@check("scale_loss_for_accumulation")
+def scale_loss_divides_by_k(impl):
+    """loss / K, as a tensor that still carries the graph (gradient 1/K)."""
+    for value, k in [(8.0, 4), (3.0, 1), (1.0, 3), (2.5, 8)]:
+        loss = torch.tensor(value, requires_grad=True)
+        scaled = impl.scale_loss_for_accumulation(loss, k)
+        if not torch.is_tensor(scaled):
+            fail(f"scale_loss_for_accumulation(tensor({value}), {k}) type", type(scaled).__name__, "Tensor")
+        expect_close(f"scale_loss_for_accumulation(tensor({value}), {k})", scaled.detach().item(), value / k, rtol=1e-6)
+        if not scaled.requires_grad:
+            fail("the scaled loss must stay in the autograd graph (requires_grad)", False, True)
+        scaled.backward()
+        if loss.grad is None:
+            fail(f"d(scaled)/d(loss) for K={k}", None, 1.0 / k,
+                 "hint: no gradient reached the loss: did the scaled loss lose its graph (a new tensor "
+                 "built from .item() or .detach())?")
+        expect_close(f"d(scaled)/d(loss) for K={k}", float(loss.grad), 1.0 / k, rtol=1e-6)
+
+
+@check("scale_loss_for_accumulation", hidden=True)
+def scale_loss_rejects_bad_k(impl):
+    """accumulation_steps <= 0 raises ValueError naming accumulation_steps."""
+    for k in (0, -2):
+        expect_raises(f"scale_loss_for_accumulation(loss, {k})",
+                      lambda: impl.scale_loss_for_accumulation(torch.tensor(1.0), k), ValueError,
+                      "accumulation_steps")
+
+# --- should_step_optimizer -----------------------------------------------------------------
+
+
+def optimizer_step_positions(impl, micro_steps: int, k: int) -> list[int]:
+    return [s for s in range(1, micro_steps + 1) if impl.should_step_optimizer(s, k)]
+
+
+@check("should_step_optimizer")
+def should_step_at_window_ends(impl):
+    """Steps at micro-steps K, 2K, ... (1-based): 8 micro-steps with K=4 step at [4, 8]."""
+    expect_equal("optimizer steps for micro-steps 1..8, K=4", optimizer_step_positions(impl, 8, 4), [4, 8])
+    expect_equal("optimizer steps for micro-steps 1..10, K=3", optimizer_step_positions(impl, 10, 3), [3, 6, 9])
+    expect_equal("optimizer steps for micro-steps 1..3, K=1 (no accumulation)",
+                 optimizer_step_positions(impl, 3, 1), [1, 2, 3])
+    for step, k, expected in [(1, 4, False), (2, 4, False), (3, 4, False), (4, 4, True)]:
+        expect_equal(f"should_step_optimizer({step}, {k})", bool(impl.should_step_optimizer(step, k)), expected)
+
+
+@check("should_step_optimizer", hidden=True)
+def should_step_rejects_bad_arguments(impl):
+    """accumulation_steps <= 0 or step <= 0 (micro-steps are 1-based) raise ValueError naming the argument."""
+    for step, k in ((4, 0), (4, -1)):
+        expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
+                      "accumulation_steps")
+    for step, k in ((0, 4), (-4, 4)):
+        expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
+                      "step")
+
+# --- should_flush_tail ---------------------------------------------------------------------
+
+
+@check("should_flush_tail")
+def should_flush_only_a_partial_window(impl):
+    """Flush iff the epoch ran micro-steps (last > start) and ended inside a window (last % K != 0; the
+    windows count from micro-step 1 of the epoch, not from start_step)."""
+    cases = [((10, 0, 4), True), ((8, 0, 4), False), ((0, 0, 4), False), ((5, 0, 1), False),
+             ((10, 8, 4), True), ((8, 8, 4), False), ((12, 9, 4), False), ((13, 12, 4), True),
+             # a resume at start_step == last_step ran nothing: no flush even though last % K != 0
+             ((5, 5, 4), False), ((6, 6, 4), False)]
+    for args, expected in cases:
+        expect_equal(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})",
+                     bool(impl.should_flush_tail(*args)), expected)
+
+
+@check("should_flush_tail", hidden=True)
+def should_flush_rejects_bad_arguments(impl):
+    """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError naming it."""
+    for k in (0, -4):
+        expect_raises(f"should_flush_tail(10, 0, {k})", lambda: impl.should_flush_tail(10, 0, k), ValueError,
+                      "accumulation_steps")
+    expect_raises("should_flush_tail(3, 5, 4)", lambda: impl.should_flush_tail(3, 5, 4), ValueError, "last_step")
+    expect_raises("should_flush_tail(3, -1, 4)", lambda: impl.should_flush_tail(3, -1, 4), ValueError, "start_step")

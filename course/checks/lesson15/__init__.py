@@ -1,0 +1,27 @@
+"""Lesson 15: checkpoint and exact resume - the descriptor.
+
+The checks live beside it (``checks`` shared helpers and SkipBatchSampler, ``saving``, ``loading``,
+``resume``), the mistake catalogue in ``mistakes``.
+"""
+from __future__ import annotations
+
+from ..framework import Exercise, Lesson, checks_in
+from . import checks, loading, mistakes, resume, saving
+
+LESSON = Lesson(
+    lesson_id="15",
+    slug="checkpoint_resume",
+    title="Checkpoint and exact resume",
+    module="checkpoint",
+    exercises=[
+        Exercise("SkipBatchSampler", "15 §5.1", points=2, hidden_points=1),
+        Exercise("save_checkpoint", "15 §5.2", points=2, hidden_points=2),
+        Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),
+        Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),
+    ],
+    checks=checks_in(checks, saving, loading, resume),
+    mistakes=mistakes.MISTAKES,
+    equivalents=mistakes.EQUIVALENTS,
+    labs=("lesson15_resume.py", "lesson15_checkpoint_size.py"),
+    notebook_mistake="non_atomic_write",
+)

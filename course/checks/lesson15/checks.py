@@ -1,0 +1,153 @@
+"""Lesson 15 checks: shared helpers (fake DDP / compile wrappers, fake ranks, the bitwise resume comparison,
+a good checkpoint) and ``SkipBatchSampler``.
+
+Saving and loading do no arithmetic, so resume is graded BITWISE: a run interrupted at an update
+boundary, saved, loaded into fresh objects and continued must give the very same records, parameters,
+AdamW state and GradScaler scale as the uninterrupted oracle run. Training itself always runs on the
+oracle loop (``course.minimind.train_pretrain.train_epoch``), so lesson 15 does not depend on lesson 14.
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
+from course.runs import RunResult, resume_and_finish, run_oracle, save_objects, train_until, training_objects
+from course.runs.scenarios import RESUME_BASE
+
+from ..framework import check, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close, fail
+
+
+class NotATensor:
+    """Stands for any pickled object: ``weights_only=True`` must refuse to rebuild it."""
+
+
+# The keys every resume checkpoint holds (the stub's docstring lists them).
+CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size")
+
+
+def expect_raises_naming(what: str, fn, exc_type, names) -> None:
+    """``fn()`` raises ``exc_type`` whose message contains every item of ``names``; an item that is a
+    tuple is satisfied by any one of its strings (e.g. any parameter name)."""
+    def wanted(options):
+        shown = " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
+                                                              if len(options) > 3 else "")
+        return f"{exc_type.__name__} naming {shown}"
+    try:
+        fn()
+    except NotImplementedError:
+        raise
+    except exc_type as exc:
+        for name in names:
+            options = name if isinstance(name, tuple) else (name,)
+            if not any(option in str(exc) for option in options):
+                fail(f"{what}: the error message should name the path and the offending key", str(exc),
+                     wanted(options))
+        return
+    except Exception as exc:  # wrong type of error
+        fail(what, f"{type(exc).__name__}: {exc}", wanted(tuple(str(n) for n in names)))
+    fail(what, "no exception", wanted(tuple(str(n) for n in names)))
+
+
+def fake_ddp(model):
+    """A DistributedDataParallel wrapper without a process group: the same type and ``module.`` keys."""
+    wrapper = DistributedDataParallel.__new__(DistributedDataParallel)
+    torch.nn.Module.__init__(wrapper)
+    wrapper.module = model
+    return wrapper
+
+
+class CompiledWrapper(torch.nn.Module):
+    """What torch.compile returns, for saving purposes: the model as ``_orig_mod`` (keys ``_orig_mod.``)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._orig_mod = model
+
+
+@contextlib.contextmanager
+def fake_rank(rank: int, world_size: int):
+    """torch.distributed answers as rank ``rank`` of an initialized group of ``world_size``."""
+    saved = {name: getattr(dist, name) for name in ("is_initialized", "get_rank", "get_world_size")}
+    dist.is_initialized = lambda: True
+    dist.get_rank = lambda group=None: rank
+    dist.get_world_size = lambda group=None: world_size
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(dist, name, value)
+
+
+# --- comparing a resumed run with the uninterrupted one ----------------------------------------
+
+
+def compare_resumed(where: str, records_before, resumed: RunResult, uninterrupted: RunResult) -> None:
+    """Bitwise: records, parameters, AdamW state and GradScaler scale (no arithmetic to excuse a difference)."""
+    expect_equal(f"{where} (epoch, step) of the records before + after the interruption",
+                 [(r["epoch"], r["step"]) for r in records_before + resumed.records],
+                 [(r["epoch"], r["step"]) for r in uninterrupted.records])
+    for got, want in zip(records_before + resumed.records, uninterrupted.records):
+        expect_equal(f"{where} record of epoch {want['epoch']} step {want['step']}", got, want)
+    expect_equal(f"{where} GradScaler scale at the end", resumed.scale, uninterrupted.scale)
+    expect_tensors_close(f"{where} parameters", resumed.params, uninterrupted.params, rtol=0.0, atol=0.0)
+    for name, state in uninterrupted.optimizer_state.items():
+        for key, want in state.items():
+            got = resumed.optimizer_state.get(name, {}).get(key)
+            if got is None:
+                fail(f"{where} AdamW {key} of {name}", None, "a tensor (restored from the checkpoint)")
+            expect_tensor_close(f"{where} AdamW {key} of {name}", got.reshape(want.shape), want, rtol=0.0, atol=0.0)
+
+
+def check_exact_resume(impl, cases) -> None:
+    for scenario, stop_epoch, stop_step in cases:
+        objects, records_before = train_until(scenario, stop_epoch, stop_step)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "resume.pth"
+            save_objects(impl, path, objects, stop_epoch, stop_step)
+            resumed = resume_and_finish(impl, scenario, path)
+        compare_resumed(f"[{scenario.name}]", records_before, resumed, run_oracle(scenario))
+
+
+@contextlib.contextmanager
+def good_checkpoint(impl):
+    """(trained objects, fresh target objects, temp dir, a good checkpoint of the trained ones there)."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        good = Path(tmp) / "good.pth"
+        save_objects(impl, good, objects, 0, 2)
+        yield objects, training_objects(RESUME_BASE), tmp, good
+
+
+# --- SkipBatchSampler --------------------------------------------------------------------------
+
+
+@check("SkipBatchSampler")
+def skip_batch_sampler_matches_upstream(impl):
+    """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)]; the lesson's example."""
+    expect_equal("list(SkipBatchSampler(range(10), 3, 2)) (upstream example)",
+                 [list(b) for b in impl.SkipBatchSampler(range(10), 3, 2)], [[6, 7, 8], [9]])
+    for n in (1, 9, 10, 12):
+        for batch_size in (1, 3, 4):
+            for skip in range((n + batch_size - 1) // batch_size + 1):
+                sampler = impl.SkipBatchSampler(list(range(100, 100 + n)), batch_size, skip)
+                upstream = UpstreamSkipBatchSampler(list(range(100, 100 + n)), batch_size, skip)
+                where = f"SkipBatchSampler(N={n}, batch_size={batch_size}, skip_batches={skip})"
+                expect_equal(f"{where} batches", [list(b) for b in sampler], list(upstream))
+                expect_equal(f"len({where})", len(sampler), len(upstream))
+
+
+@check("SkipBatchSampler", hidden=True)
+def skip_batch_sampler_rejects_bad_arguments(impl):
+    """batch_size < 1, a negative skip, or a skip past the epoch raise ValueError naming the argument."""
+    expect_raises("SkipBatchSampler(range(10), 0, 0)", lambda: impl.SkipBatchSampler(range(10), 0, 0), ValueError,
+                  "batch_size")
+    expect_raises("SkipBatchSampler(range(10), 3, -1)", lambda: impl.SkipBatchSampler(range(10), 3, -1),
+                  ValueError, "skip_batches")
+    expect_raises("SkipBatchSampler(range(10), 3, 5) (the epoch has 4 batches)",
+                  lambda: impl.SkipBatchSampler(range(10), 3, 5), ValueError, "skip_batches")

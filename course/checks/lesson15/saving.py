@@ -1,0 +1,202 @@
+"""Lesson 15 checks of ``save_checkpoint``: full state, atomic write next to the target, no pending
+gradients, unwrapped DDP / compile state, rank 0 only, valid counters."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from course.runs import full_epoch_batches, save_objects, train_until
+from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
+
+from ..framework import check, expect_equal, expect_raises, expect_tensor_close, fail
+from .checks import CompiledWrapper, fake_ddp, fake_rank, good_checkpoint
+
+
+# --- save_checkpoint ---------------------------------------------------------------------------
+
+
+@check("save_checkpoint")
+def save_checkpoint_writes_full_state(impl):
+    """fp32 weights, optimizer, scaler, counters, world size, model config and extras, loadable weights_only."""
+    scenario, stop_epoch, stop_step = RESUME_SCALER[0]
+    objects, _ = train_until(scenario, stop_epoch, stop_step)
+    model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "resume.pth"
+        save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        expect_equal("files in the checkpoint directory after a save", sorted(p.name for p in Path(tmp).iterdir()),
+                     ["resume.pth"])
+    keys = ["batch_size_semantics", "epoch", "model", "model_config", "optimizer", "scaler", "step", "world_size"]
+    expect_equal("checkpoint keys", sorted(saved), keys)
+    expect_equal("(epoch, step, world_size, batch_size_semantics)",
+                 (saved["epoch"], saved["step"], saved["world_size"], saved["batch_size_semantics"]),
+                 (stop_epoch, stop_step, 1, "micro_batch"))
+    for name, want in model.state_dict().items():
+        got = saved["model"][name]
+        expect_equal(f"dtype of model.{name} in the checkpoint", got.dtype, want.dtype)
+        expect_tensor_close(f"model.{name} in the checkpoint", got, want, rtol=0.0, atol=0.0)
+    expect_optimizer_state_equal("saved optimizer state", saved["optimizer"], optimizer.state_dict())
+    expect_equal("saved GradScaler state", saved["scaler"], scaler.state_dict())
+    expect_equal("saved model_config hidden_size/use_moe",
+                 (saved["model_config"]["hidden_size"], saved["model_config"]["use_moe"]),
+                 (scenario.hidden_size, scenario.use_moe))
+
+
+def expect_optimizer_state_equal(what, actual: dict, expected: dict) -> None:
+    expect_equal(f"{what}: param_groups", actual["param_groups"], expected["param_groups"])
+    expect_equal(f"{what}: parameters with state", sorted(actual["state"]), sorted(expected["state"]))
+    for index, state in expected["state"].items():
+        for key, want in state.items():
+            expect_tensor_close(f"{what}: {key} of parameter {index}", actual["state"][index][key], want,
+                                rtol=0.0, atol=0.0)
+
+
+def exploding_save(obj, f, *args, **kwargs):
+    """Stands for a crash in the middle of ``torch.save``: some bytes reach the target, then an error."""
+    if isinstance(f, (str, Path)):
+        Path(f).write_bytes(b"PK\x03\x04 half-written checkpoint")
+    else:
+        f.write(b"PK\x03\x04 half-written checkpoint")
+    raise OSError("simulated crash in the middle of torch.save")
+
+
+@check("save_checkpoint", hidden=True, uses=("load_checkpoint",))
+def save_checkpoint_is_atomic(impl):
+    """A crash during a save leaves the previous checkpoint byte-identical and loadable, and no temp file."""
+    with good_checkpoint(impl) as (objects, fresh, tmp, path):
+        before = path.read_bytes()
+        real_save = torch.save
+        torch.save = exploding_save
+        try:
+            save_objects(impl, path, objects, 0, 2)
+        except OSError:
+            pass
+        else:
+            fail("save_checkpoint while torch.save crashes", "returned normally", "the OSError propagates")
+        finally:
+            torch.save = real_save
+        after = path.read_bytes() if path.is_file() else None
+        if after != before:
+            fail(f"{path.name} after a crashed save", "missing" if after is None else f"{len(after)} bytes, changed",
+                 f"the previous checkpoint, {len(before)} bytes, unchanged",
+                 "write to a temporary file in the same directory, then os.replace it onto the path")
+        expect_equal("files in the checkpoint directory after the crash", sorted(p.name for p in Path(tmp).iterdir()),
+                     ["good.pth"])
+        checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler)
+        expect_equal("(epoch, step) of the previous checkpoint", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
+
+
+@check("save_checkpoint", hidden=True)
+def save_checkpoint_refuses_pending_gradients(impl):
+    """Zero gradients (zero_grad(set_to_none=False)) are not pending: the save works. Mid-accumulation
+    (non-zero gradients, no optimizer step yet) a save raises ValueError naming 'accumulation', writing nothing."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    model = objects.model
+    input_ids, labels = full_epoch_batches(RESUME_BASE, 0)[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "resume.pth"
+        model(input_ids, labels=labels).loss.backward()
+        objects.optimizer.zero_grad(set_to_none=False)
+        try:
+            save_objects(impl, path, objects, 0, 2)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            fail("save_checkpoint after optimizer.zero_grad(set_to_none=False) (all gradients are zero tensors)",
+                 f"{type(exc).__name__}: {exc}", "the checkpoint is written",
+                 "hint: a zero gradient is not a pending one: test for non-zero values, not for `grad is not None`")
+        path.unlink()
+        model(input_ids, labels=labels).loss.backward()
+        expect_raises("save_checkpoint with pending gradients (micro-step 3 of a K=2 window)",
+                      lambda: save_objects(impl, path, objects, 0, 3), ValueError, "accumulation")
+        expect_equal("files written by the refused save", sorted(p.name for p in Path(tmp).iterdir()), [])
+
+
+@check("save_checkpoint", hidden=True)
+def save_checkpoint_writes_next_to_the_target(impl):
+    """The parent directory is created; the temporary file lies in the target's directory (os.replace is a
+    rename only there) and is fsync'd before os.replace puts it onto the target."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    calls = []
+    real_replace, real_fsync = os.replace, os.fsync
+
+    def spy_replace(src, dst, *args, **kwargs):
+        calls.append(("replace", Path(src), Path(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def spy_fsync(fd):
+        calls.append(("fsync",))
+        return real_fsync(fd)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "new" / "run" / "resume.pth"
+        os.replace, os.fsync = spy_replace, spy_fsync
+        try:
+            save_objects(impl, path, objects, 0, 2)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            fail(f"save_checkpoint into {path.parent}, which does not exist yet", f"{type(exc).__name__}: {exc}",
+                 "the directory is created and the checkpoint written")
+        finally:
+            os.replace, os.fsync = real_replace, real_fsync
+        replaces = [(i, call[1]) for i, call in enumerate(calls) if call[0] == "replace" and call[2] == path]
+        if len(replaces) != 1:
+            fail("os.replace(temporary file, path) calls during the save", len(replaces), 1)
+        index, source = replaces[0]
+        expect_equal("directory of the temporary file that os.replace moves onto the checkpoint",
+                     str(source.parent.resolve()), str(path.parent.resolve()))
+        expect_equal("os.fsync calls before os.replace", min(1, sum(call[0] == "fsync" for call in calls[:index])), 1)
+
+
+@check("save_checkpoint")
+def save_checkpoint_unwraps_ddp_and_compile(impl):
+    """A model wrapped by DistributedDataParallel (keys 'module.'), torch.compile ('_orig_mod.') or both is
+    saved as the model itself: the same keys as model.state_dict(), and its config."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    model = objects.model
+    wrapped = {"DDP": fake_ddp(model), "torch.compile": CompiledWrapper(model),
+               "torch.compile of DDP": CompiledWrapper(fake_ddp(model))}
+    with tempfile.TemporaryDirectory() as tmp:
+        for how, wrapper in wrapped.items():
+            path = Path(tmp) / "resume.pth"
+            impl.save_checkpoint(path, model=wrapper, optimizer=objects.optimizer, scaler=objects.scaler, epoch=0,
+                                 step=2)
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+            expect_equal(f"model keys saved from a {how} wrapper (first 3 of {len(saved['model'])})",
+                         sorted(saved["model"])[:3], sorted(model.state_dict())[:3])
+            expect_equal(f"all model keys saved from a {how} wrapper", sorted(saved["model"]),
+                         sorted(model.state_dict()))
+            expect_equal(f"model_config saved from a {how} wrapper", saved.get("model_config"),
+                         dataclasses.asdict(model.config))
+
+
+@check("save_checkpoint", hidden=True)
+def save_checkpoint_writes_on_rank_0_only(impl):
+    """Under torch.distributed only rank 0 writes (every rank holds the same state); it records world_size."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "resume.pth"
+        with fake_rank(1, 2):
+            save_objects(impl, path, objects, 0, 2)
+        expect_equal("files written by rank 1 of 2", sorted(p.name for p in Path(tmp).iterdir()), [])
+        with fake_rank(0, 2):
+            save_objects(impl, path, objects, 0, 2)
+        expect_equal("files written by rank 0 of 2", sorted(p.name for p in Path(tmp).iterdir()), ["resume.pth"])
+        expect_equal("world_size saved by rank 0 of 2", torch.load(path, weights_only=True)["world_size"], 2)
+
+
+@check("save_checkpoint", hidden=True)
+def save_checkpoint_rejects_bad_counters(impl):
+    """A negative epoch or step raises ValueError naming it."""
+    objects, _ = train_until(RESUME_BASE, 0, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "resume.pth"
+        expect_raises("save_checkpoint(epoch=-1)", lambda: save_objects(impl, path, objects, -1, 2), ValueError,
+                      "epoch")
+        expect_raises("save_checkpoint(step=-1)", lambda: save_objects(impl, path, objects, 0, -1), ValueError,
+                      "step")

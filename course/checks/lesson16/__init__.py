@@ -1,0 +1,31 @@
+"""Lesson 16: token-weighted accumulation and the single-step TrainingSession - the descriptor.
+
+The checks live beside it (``checks`` the counting functions, ``session`` and ``session_runtime`` the
+TrainingSession, ``migration`` migrate_train_state, ``test_writing`` the student's test), the mistake
+catalogue in ``mistakes``.
+"""
+from __future__ import annotations
+
+from ..framework import Exercise, Lesson, checks_in
+from . import checks, migration, mistakes, session, session_runtime, test_writing
+
+LESSON = Lesson(
+    lesson_id="16",
+    slug="token_weighted_training_session",
+    title="Token-weighted gradient accumulation and the single-step TrainingSession",
+    module="train_session",
+    exercises=[
+        Exercise("count_loss_units", "16 §4.1", points=1, hidden_points=1),
+        Exercise("split_global_batch", "16 §4.2", points=1, hidden_points=1),
+        Exercise("steps_per_epoch", "16 §4.2", points=1),
+        Exercise("TrainingSession", "16 §4.3", points=3, hidden_points=3),
+        Exercise("test_token_weighted_matches_global_batch", "16 §4.4", points=2),
+        Exercise("migrate_train_state", "16 §5.4", points=1, hidden_points=1),
+    ],
+    checks=checks_in(checks, session, session_runtime, migration, test_writing),
+    mistakes=mistakes.MISTAKES,
+    equivalents=mistakes.EQUIVALENTS,
+    labs=("lesson16_mean_of_means.py", "lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py",
+          "bench_lesson16_session.py"),
+    notebook_mistake="clip_before_unscale",
+)

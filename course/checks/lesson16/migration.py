@@ -1,0 +1,87 @@
+"""Lesson 16 checks of ``migrate_train_state``: legacy (micro-batch) states to global semantics."""
+from __future__ import annotations
+
+from course.lesson16_runtime.types import GLOBAL_SEMANTICS
+
+from ..framework import check, expect_equal, expect_raises, fail
+
+
+# --- migrate_train_state -------------------------------------------------------------------
+
+LEGACY = {"epoch": 1, "step": 7, "batch_size": 2, "accum_steps": 4, "sample_count": 40, "model": {"w": 1},
+          "optimizer": {"s": 2}}
+# Lesson 15's stage assembly at the end of an epoch: 160 samples in micro-batches of 6 is 27 micro-steps; with
+# accum 4 the tail flush applied micro-steps 25-27 before the save.
+LEGACY_EPOCH_END = {"epoch": 0, "step": 27, "batch_size": 6, "accum_steps": 4, "sample_count": 160}
+
+
+@check("migrate_train_state")
+def migrate_legacy_state_to_global_semantics(impl):
+    """Legacy micro-batch 2 x accum 4, 7 micro-steps done -> global 8, update 1 (the last boundary), 3 dropped."""
+    original = dict(LEGACY)
+    migrated = impl.migrate_train_state(original)
+    expect_equal("the input state is not modified", original, LEGACY)
+    expected = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 1,
+                "update_step_in_epoch": 1, "sample_position": 8, "dropped_microsteps": 3}
+    expect_equal("migrated fields", {k: migrated.get(k) for k in expected}, expected)
+    expect_equal("model / optimizer carried over", (migrated.get("model"), migrated.get("optimizer")),
+                 (LEGACY["model"], LEGACY["optimizer"]))
+    expect_equal("legacy keys batch_size / step removed", [k for k in ("batch_size", "step") if k in migrated], [])
+    if "boundary" not in str(migrated.get("migration_note", "")):
+        fail("migration_note must say the resume is at the last update boundary", migrated.get("migration_note"),
+             "... update boundary ...")
+    at_boundary = impl.migrate_train_state(dict(LEGACY, step=8))
+    expect_equal("legacy step 8 = exactly 2 updates: (update_step_in_epoch, dropped_microsteps)",
+                 (at_boundary["update_step_in_epoch"], at_boundary["dropped_microsteps"]), (2, 0))
+
+
+@check("migrate_train_state", hidden=True)
+def migrate_keeps_global_states_and_rejects_bad_ones(impl):
+    """A 'global' state comes back equal; unknown semantics or bad legacy values raise ValueError naming the key."""
+    new = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 0,
+           "update_step_in_epoch": 3, "sample_position": 24}
+    expect_equal("migrate_train_state(global state)", impl.migrate_train_state(dict(new)), new)
+    expect_raises("batch_size_semantics='micro'",
+                  lambda: impl.migrate_train_state(dict(new, batch_size_semantics="micro")), ValueError,
+                  "batch_size_semantics")
+    expect_raises("legacy accum_steps=0", lambda: impl.migrate_train_state(dict(LEGACY, accum_steps=0)), ValueError,
+                  "accum_steps")
+    for key in ("batch_size", "sample_count"):
+        expect_raises(f"legacy without {key} (it has no default)",
+                      lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != key}), ValueError, key)
+
+
+def migrated_or_fail(impl, state: dict, fields: tuple, expected: tuple) -> dict:
+    """``migrate_train_state(state)``; a ValueError there fails with ACTUAL vs EXPECTED (the state is valid)."""
+    try:
+        return impl.migrate_train_state(dict(state))
+    except ValueError as exc:
+        fail(f"migrate_train_state({state}): {fields}", f"ValueError: {exc}", expected)
+
+
+@check("migrate_train_state", hidden=True)
+def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
+    """step == ceil(sample_count / batch_size) was saved after the epoch's tail flush: resume at update 0 of the
+    next epoch with nothing dropped; one micro-step earlier is mid-epoch; past the end is a ValueError naming step."""
+    fields = ("epoch", "update_step_in_epoch", "sample_position", "dropped_microsteps", "global_batch_size")
+    migrated = migrated_or_fail(impl, LEGACY_EPOCH_END, fields, (1, 0, 0, 0, 24))
+    got = tuple(migrated.get(k) for k in fields)
+    if got != (1, 0, 0, 0, 24):
+        fail(f"legacy epoch 0, step 27, micro-batch 6 x accum 4, 160 samples: {fields}", got, (1, 0, 0, 0, 24),
+             "hint: 27 = ceil(160 / 6) is the epoch's last micro-step and the tail flush applied micro-steps 25-27; "
+             "resuming at update 6 with 3 dropped trains samples 144-159 twice")
+    mid = impl.migrate_train_state(dict(LEGACY_EPOCH_END, step=26))
+    expect_equal("legacy step 26 of 27: (epoch, update_step_in_epoch, dropped_microsteps)",
+                 (mid["epoch"], mid["update_step_in_epoch"], mid["dropped_microsteps"]), (0, 6, 2))
+    expect_raises("legacy step 28 > ceil(160 / 6) = 27", lambda: impl.migrate_train_state(dict(LEGACY_EPOCH_END,
+                                                                                                  step=28)),
+                  ValueError, "step")
+
+
+@check("migrate_train_state", hidden=True)
+def migrate_fills_documented_legacy_defaults(impl):
+    """A legacy state without epoch, step or accum_steps takes epoch 0, step 0, accum_steps 1."""
+    fields = ("epoch", "update_step_in_epoch", "accum_steps", "global_batch_size", "dropped_microsteps")
+    migrated = migrated_or_fail(impl, {"batch_size": 4, "sample_count": 40}, fields, (0, 0, 1, 4, 0))
+    expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
+                 tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))

@@ -1,0 +1,265 @@
+"""Lesson 16 checks of ``TrainingSession``: the update boundary, global normalization, clipping, errors
+and aborts, hooks, lr and state."""
+from __future__ import annotations
+
+import torch
+
+from course.lesson16_runtime.text import token_weighted_step
+from course.lesson16_runtime.types import AccumulationInvalidError, TrainingStepOptions
+from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches,
+                         new_session, params_of, run_update, tiny_model)
+
+from ..framework import check, expect_close, expect_equal, expect_raises, expect_tensors_close, fail
+from .checks import GRAD_ATOL, GRAD_RTOL
+
+
+# --- TrainingSession: the update boundary ---------------------------------------------------
+
+@check("TrainingSession")
+def session_two_microsteps_one_optimizer_step(impl):
+    """K=2: the first micro-step reports no update and leaves parameters alone; the second steps exactly once."""
+    session = new_session(impl, 2)
+    steps = []
+    session.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    before = params_of(session.model)
+    batches = masked_micro_batches()[:2]
+    units = sum(b.loss_units for b in batches)
+    first = session.train_step(batches[0], TrainingStepOptions(normalization_units=units), token_weighted_step)
+    expect_equal("first micro-step (K=2): (parameters_updated, optimizer_step, microsteps_accumulated)",
+                 (first.parameters_updated, first.optimizer_step, first.microsteps_accumulated), (False, 0, 1))
+    expect_equal("optimizer.step calls after micro-step 1 of 2", len(steps), 0)
+    expect_tensors_close("parameters before the update boundary", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
+    second = session.train_step(batches[1], TrainingStepOptions(normalization_units=units), token_weighted_step)
+    expect_equal("second micro-step (K=2): (parameters_updated, optimizer_step, microsteps_accumulated)",
+                 (second.parameters_updated, second.optimizer_step, second.microsteps_accumulated), (True, 1, 2))
+    expect_equal("optimizer.step calls after 2 micro-steps with K=2", len(steps), 1)
+    expect_equal("session.optimizer_step after one update", session.optimizer_step, 1)
+    if all(torch.equal(p, before[n]) for n, p in params_of(session.model).items()):
+        fail("parameters after the update", "unchanged", "changed by the optimizer step")
+    if any(p.grad is not None and p.grad.abs().sum() > 0 for p in session.model.parameters()):
+        fail("gradients after the update", "still set", "zeroed (zero_grad after the step)")
+
+
+@check("TrainingSession")
+def session_force_update_commits_a_tail(impl):
+    """K=4 but only 2 micro-batches left: force_update on the second commits them as one update."""
+    session = new_session(impl, 4)
+    reports = run_update(session, masked_micro_batches()[:2])
+    expect_equal("parameters_updated per micro-step (K=4, force_update on the 2nd)",
+                 [r.parameters_updated for r in reports], [False, True])
+    expect_equal("microsteps_accumulated of the tail update", reports[-1].microsteps_accumulated, 2)
+    expect_equal("session.optimizer_step after the tail", session.optimizer_step, 1)
+    expect_equal("session.microsteps_accumulated after the tail", session.microsteps_accumulated, 0)
+
+
+@check("TrainingSession")
+def session_global_normalization_matches_one_backward(impl):
+    """Unequal valid tokens per micro-batch (29, 10, 2, 1): accumulated gradient == one global-batch backward."""
+    batches = masked_micro_batches()
+    expected, nll_sum, units = global_batch_gradients(batches)
+    session = new_session(impl, 4)
+    captured: dict = {}
+    reports = run_update(session, batches, before_update=capture_grads(session, captured))
+    if not captured:
+        fail("before_update hook at the update boundary", "never called", "called once before the step")
+    expect_tensors_close("accumulated gradient vs one global-batch backward", captured, expected,
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    last = reports[-1]
+    expect_equal("loss_units reported at the boundary", last.loss_units, units)
+    if not torch.is_tensor(last.loss_sum):
+        fail("loss_sum reported at the boundary", type(last.loss_sum).__name__, "a device tensor (read back later)")
+    expect_close("loss_sum at the boundary (NLL sum of the global batch)", float(last.loss_sum), float(nll_sum),
+                 rtol=1e-6)
+    expect_equal("loss_sum / loss_units on micro-steps inside the update",
+                 [(r.loss_sum, r.loss_units) for r in reports[:-1]], [(None, 0)] * 3)
+
+
+@check("TrainingSession")
+def session_grad_norm_is_pre_clip(impl):
+    """clip_grad_norm > 0: the reported norm is the pre-clip norm of the global-batch gradient."""
+    batches = masked_micro_batches()
+    expected, _, _ = global_batch_gradients(batches)
+    want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()])))
+    report = run_update(new_session(impl, 4), batches, clip=0.01)[-1]
+    expect_close("grad_norm (pre-clip) of the update", report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
+
+
+@check("TrainingSession", hidden=True)
+def session_clips_the_update(impl):
+    """clip_grad_norm=0.01 with SGD lr 0.1: the step is -0.1 * g * 0.01 / (||g|| + 1e-6) (clip_grad_norm_'s
+    coefficient); clip_grad_norm=0 clips nothing and reports grad_norm None."""
+    batches = masked_micro_batches()
+    expected_grads, _, _ = global_batch_gradients(batches)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected_grads.values()]))
+    coefficient = float(torch.clamp(0.01 / (norm + 1e-6), max=1.0))
+    for clip, scale in ((0.01, coefficient), (0.0, 1.0)):
+        session = new_session(impl, 4)
+        before = params_of(session.model)
+        report = run_update(session, batches, clip=clip)[-1]
+        expected = {n: before[n] - 0.1 * scale * g for n, g in expected_grads.items()}
+        expect_tensors_close(f"parameters after one SGD update with clip_grad_norm={clip} (||g|| = {float(norm):.3f}; "
+                             "a step 1/coefficient too large means the norm was computed but not applied)",
+                             params_of(session.model), expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    expect_equal("grad_norm reported with clip_grad_norm=0 (clipping off)", report.grad_norm, None)
+
+
+@check("TrainingSession", hidden=True)
+def session_rejects_zero_normalization_units(impl):
+    """normalization_units == 0 is an explicit ValueError, and nothing is updated."""
+    session = new_session(impl, 1)
+    before = params_of(session.model)
+    batch = masked_micro_batches()[0]
+    expect_raises("train_step(..., normalization_units=0)",
+                  lambda: session.train_step(batch, TrainingStepOptions(normalization_units=0, force_update=True),
+                                             token_weighted_step), ValueError, "normalization_units")
+    expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
+    expect_equal("optimizer_step after a rejected update", session.optimizer_step, 0)
+    expect_raises("TrainingSession(grad_accum_steps=0)", lambda: new_session(impl, 0), ValueError, "grad_accum_steps")
+
+
+@check("TrainingSession", hidden=True)
+def session_rejects_an_optimizer_on_other_tensors(impl):
+    """Python's counterpart of 'moving keeps optimizer references valid': the optimizer must hold the
+    model's own Parameter objects; one built on a copy is a ValueError naming optimizer."""
+    model = tiny_model(SESSION_SCENARIO)
+    orphan_optimizer = torch.optim.SGD(tiny_model(SESSION_SCENARIO).parameters(), lr=0.1)
+    expect_raises("TrainingSession(model, optimizer over another model's parameters)",
+                  lambda: impl.TrainingSession(model, orphan_optimizer, grad_accum_steps=2), ValueError, "optimizer")
+
+
+@check("TrainingSession", hidden=True)
+def session_abort_discards_the_update(impl):
+    """before_update -> True: no step, parameters unchanged; the next update does not reuse those gradients."""
+    batches = masked_micro_batches()
+    session = new_session(impl, 2)
+    before = params_of(session.model)
+    reports = run_update(session, batches[:2], before_update=lambda: True)
+    expect_equal("aborted update: (parameters_updated, aborted, optimizer_step)",
+                 (reports[-1].parameters_updated, reports[-1].aborted, session.optimizer_step), (False, True, 0))
+    expect_tensors_close("parameters after an aborted update", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
+    captured: dict = {}
+    run_update(session, batches[2:], before_update=capture_grads(session, captured))
+    expected, _, _ = global_batch_gradients(batches[2:])
+    expect_tensors_close("gradient of the update after an abort (must not contain the aborted one)", captured,
+                         expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@check("TrainingSession", hidden=True)
+def session_error_invalidates_the_accumulation(impl):
+    """A step_fn error mid-update: later calls raise until reset_accumulation(); then a clean update follows."""
+    batches = masked_micro_batches()
+    session = new_session(impl, 3)
+    units = sum(b.loss_units for b in batches[:3])
+    session.train_step(batches[0], TrainingStepOptions(normalization_units=units), token_weighted_step)
+
+    def broken_step(model, batch):
+        raise RuntimeError("data error in micro-step 2")
+    try:
+        session.train_step(batches[1], TrainingStepOptions(normalization_units=units), broken_step)
+    except RuntimeError:
+        pass
+    else:
+        fail("train_step with a step_fn that raises", "returned", "the step_fn's RuntimeError propagates")
+    expect_raises("train_step after a failed micro-step (before reset_accumulation)",
+                  lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=units),
+                                             token_weighted_step), RuntimeError, "reset_accumulation")
+    expect_equal("optimizer_step after the failure", session.optimizer_step, 0)
+    session.reset_accumulation()
+    captured: dict = {}
+    run_update(session, batches[2:], before_update=capture_grads(session, captured))
+    expected, _, _ = global_batch_gradients(batches[2:])
+    expect_tensors_close("gradient of the first update after reset_accumulation()", captured, expected,
+                         rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+@check("TrainingSession", hidden=True)
+def session_error_anywhere_invalidates_the_accumulation(impl):
+    """Not only step_fn: an error in backward, in before_update or in after_update also makes the next call
+    raise AccumulationInvalidError (naming reset_accumulation) until reset_accumulation()."""
+    def raising(where):
+        def hook(*_):
+            raise RuntimeError(f"error in {where}")
+        return hook
+    batches = masked_micro_batches()[:2]
+    for where in ("backward (a gradient hook)", "before_update", "after_update"):
+        session = new_session(impl, 2)
+        hooks = {where: raising(where)} if where != "backward (a gradient hook)" else {}
+        handle = (session.model.model.norm.weight.register_hook(raising(where)) if not hooks else None)
+        try:
+            run_update(session, batches, **hooks)
+        except RuntimeError as exc:
+            if "error in" not in str(exc):
+                raise
+        else:
+            fail(f"an update whose {where} raises", "returned", "the RuntimeError propagates")
+        if handle is not None:
+            handle.remove()
+        expect_raises(f"train_step after an error in {where} (before reset_accumulation)",
+                      lambda: run_update(session, batches), AccumulationInvalidError, "reset_accumulation")
+        session.reset_accumulation()
+        reports = run_update(session, batches)
+        expect_equal(f"the update after reset_accumulation() (error was in {where}): parameters_updated",
+                     reports[-1].parameters_updated, True)
+
+
+@check("TrainingSession", hidden=True)
+def session_after_update_runs_after_step_before_zero_grad(impl):
+    """after_update sees the new parameters and the update's gradients still in place."""
+    session = new_session(impl, 2)
+    before = params_of(session.model)
+    seen = {}
+
+    def after():
+        seen["params_changed"] = any(not torch.equal(p, before[n]) for n, p in params_of(session.model).items())
+        seen["grads_present"] = any(p.grad is not None and bool(p.grad.abs().sum() > 0)
+                                    for p in session.model.parameters())
+    run_update(session, masked_micro_batches()[:2], after_update=after)
+    expect_equal("after_update observations", seen, {"params_changed": True, "grads_present": True})
+
+
+@check("TrainingSession", hidden=True)
+def session_sets_lr_and_normalization_is_fixed_per_update(impl):
+    """options.lr lands in every param group; normalization_units may not change inside an update."""
+    session = new_session(impl, 2, two_param_groups=True)
+    batches = masked_micro_batches()
+    session.train_step(batches[0], TrainingStepOptions(lr=0.025, normalization_units=39), token_weighted_step)
+    expect_equal("lrs of the 2 param groups (0.1 and 0.05 before) after options.lr=0.025",
+                 [g["lr"] for g in session.optimizer.param_groups], [0.025, 0.025])
+    expect_raises("normalization_units 39 -> 40 inside one update",
+                  lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=40),
+                                             token_weighted_step), ValueError, "normalization_units")
+
+
+@check("TrainingSession", hidden=True)
+def session_state_and_load_state_round_trip(impl):
+    """state() reports lr (param group 0), optimizer_step, microsteps_accumulated, accumulation_valid; load_state
+    restores optimizer_step and lr (every group) at an update boundary, and raises ValueError naming
+    microsteps_accumulated, changing nothing, when the saved state or the session is inside an update."""
+    def lrs(session):
+        return [g["lr"] for g in session.optimizer.param_groups]
+    batches = masked_micro_batches()[:2]
+    saved_from = new_session(impl, 2, two_param_groups=True)
+    run_update(saved_from, batches, lr=0.025)
+    boundary = saved_from.state()
+    expect_equal("state() after one update at lr 0.025: (lr, optimizer_step, microsteps_accumulated, "
+                 "accumulation_valid)", (boundary.lr, boundary.optimizer_step, boundary.microsteps_accumulated,
+                                         boundary.accumulation_valid), (0.025, 1, 0, True))
+    restored = new_session(impl, 2, two_param_groups=True)
+    restored.load_state(boundary)
+    expect_equal("after load_state(state at update 1, lr 0.025): (optimizer_step, lrs of both groups)",
+                 (restored.optimizer_step, lrs(restored)), (1, [0.025, 0.025]))
+    saved_from.train_step(batches[0], TrainingStepOptions(lr=0.0125, normalization_units=39), token_weighted_step)
+    inside = saved_from.state()
+    expect_equal("state().microsteps_accumulated after 1 micro-step of 2", inside.microsteps_accumulated, 1)
+    fresh = new_session(impl, 2, two_param_groups=True)
+    expect_raises("load_state(a state saved inside an update)", lambda: fresh.load_state(inside), ValueError,
+                  "microsteps_accumulated")
+    expect_equal("(optimizer_step, lrs) after a refused load_state", (fresh.optimizer_step, lrs(fresh)),
+                 (0, [0.1, 0.05]))
+    expect_raises("load_state(boundary state) on a session inside an update",
+                  lambda: saved_from.load_state(boundary), ValueError, "microsteps_accumulated")
+    expect_equal("(optimizer_step, lrs) of the session inside an update after a refused load_state",
+                 (saved_from.optimizer_step, lrs(saved_from)), (1, [0.0125, 0.0125]))

@@ -1,0 +1,145 @@
+"""Lesson 16 checks of ``TrainingSession`` at run time: loss sums kept on the device, ``no_sync`` before
+the last micro-step, AMP / GradScaler, autocast, and the text run it drives."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from course.lesson16_runtime.driver import run_text_training
+from course.lesson16_runtime.text import token_weighted_step
+from course.lesson16_runtime.types import TrainingRunState, TrainingStepOptions
+from course.runs import (SESSION_SCENARIO, global_batch_gradients, masked_micro_batches, new_session,
+                         params_of, run_update, tiny_batches, tiny_model)
+
+from ..framework import check, expect_close, expect_equal, expect_tensors_close
+
+
+_SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__")
+
+
+@contextlib.contextmanager
+def count_host_syncs(counter: list):
+    saved = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
+
+    def counting(name):
+        def wrapper(self, *args, **kwargs):
+            counter.append(name)
+            return saved[name](self, *args, **kwargs)
+        return wrapper
+    try:
+        for name in _SYNC_METHODS:
+            setattr(torch.Tensor, name, counting(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@check("TrainingSession", hidden=True)
+def session_keeps_loss_sums_on_device(impl):
+    """No tensor -> host conversion (.item(), float(), bool(), .tolist()) on micro-steps inside an update."""
+    session = new_session(impl, 4)
+    batches = masked_micro_batches()
+    units = sum(b.loss_units for b in batches)
+    calls: list = []
+    with count_host_syncs(calls):
+        for batch in batches[:3]:
+            session.train_step(batch, TrainingStepOptions(normalization_units=units), token_weighted_step)
+    expect_equal("host syncs during 3 non-final micro-steps", calls, [])
+
+
+@check("TrainingSession", hidden=True)
+def session_uses_no_sync_before_the_last_microstep(impl):
+    """A DDP-like model (has no_sync): micro-steps that do not close the update run inside no_sync()."""
+    class SyncRecorder(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.in_no_sync, self.forward_log = inner, False, []
+
+        @contextlib.contextmanager
+        def no_sync(self):
+            self.in_no_sync = True
+            try:
+                yield
+            finally:
+                self.in_no_sync = False
+
+        def forward(self, input_ids, labels=None):
+            self.forward_log.append(self.in_no_sync)
+            return self.inner(input_ids, labels=labels)
+    model = SyncRecorder(tiny_model(SESSION_SCENARIO))
+    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=4)
+    run_update(session, masked_micro_batches()[:3])
+    expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
+                 model.forward_log, [True, True, False])
+
+
+@check("TrainingSession", hidden=True)
+def session_amp_scaler_overflow_and_unscale_before_clip(impl):
+    """Enabled GradScaler('cpu'): the pre-clip norm is the UNSCALED one; an inf gradient skips the step
+    (parameters_updated False, overflow_skipped True, scale halved) and the next update steps."""
+    batches = masked_micro_batches()
+    expected, _, _ = global_batch_gradients(batches)
+    want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()])))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    session = new_session(impl, 4, scaler=scaler)
+    report = run_update(session, batches, clip=0.01)[-1]
+    expect_close("grad_norm with an enabled GradScaler (unscale before clip)",
+                 report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
+    before = params_of(session.model)
+    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
+    report = run_update(session, batches, clip=0.01)[-1]
+    hook.remove()
+    expect_equal("update with an inf gradient: (parameters_updated, overflow_skipped, optimizer_step)",
+                 (report.parameters_updated, report.overflow_skipped, session.optimizer_step), (False, True, 1))
+    expect_equal("GradScaler scale after the overflow", scaler.get_scale(), 2.0 ** 9)
+    expect_tensors_close("parameters after a skipped step", params_of(session.model), before,
+                         rtol=0.0, atol=0.0)
+    report = run_update(session, batches, clip=0.01)[-1]
+    expect_equal("update after the overflow: (parameters_updated, optimizer_step)",
+                 (report.parameters_updated, session.optimizer_step), (True, 2))
+
+
+@check("TrainingSession", hidden=True)
+def session_skipped_update_calls_no_after_update(impl):
+    """An update the GradScaler skips (inf gradient) does not run after_update; the next one does, once."""
+    calls = []
+    session = new_session(impl, 4, scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 10))
+    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
+    skipped = run_update(session, masked_micro_batches(), after_update=lambda: calls.append("skipped update"))[-1]
+    hook.remove()
+    run_update(session, masked_micro_batches(), after_update=lambda: calls.append("next update"))
+    expect_equal("overflow_skipped of the update with an inf gradient", skipped.overflow_skipped, True)
+    expect_equal("after_update calls (skipped update, then a clean one)", calls, ["next update"])
+
+
+@check("TrainingSession", hidden=True)
+def session_runs_step_fn_under_autocast(impl):
+    """autocast=torch.autocast('cpu', bfloat16): the step_fn runs inside it."""
+    dtypes = []
+
+    def step(model, batch):
+        dtypes.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return token_weighted_step(model, batch)
+    session = new_session(impl, 2, autocast=torch.autocast("cpu", dtype=torch.bfloat16))
+    batches = masked_micro_batches()[:2]
+    for i, batch in enumerate(batches):
+        session.train_step(batch, TrainingStepOptions(normalization_units=39, force_update=i == 1), step)
+    expect_equal("autocast dtype seen inside step_fn", dtypes, [torch.bfloat16] * 2)
+    expect_equal("optimizer_step after a bf16 update", session.optimizer_step, 1)
+
+
+@check("TrainingSession", hidden=True, uses=("count_loss_units", "split_global_batch", "steps_per_epoch"))
+def session_drives_the_text_run(impl):
+    """The run driver with this implementation: 20 samples, global 8 / accum 4 -> updates of 8, 8, 4 samples
+    (4, 4, 2 micro-steps), one optimizer step each; max_steps=2 stops after 2 UPDATES."""
+    input_ids, labels = tiny_batches(20, SESSION_SCENARIO.max_length, 1, 3)[0]
+    dataset = list(zip(input_ids, labels))
+    for max_steps, expected in [(0, [(8, 4), (8, 4), (4, 2)]), (2, [(8, 4), (8, 4)])]:
+        session = new_session(impl, 4)
+        records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accum_steps=4,
+                                    epochs=1, max_steps=max_steps, impl=impl)
+        expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
+                     [(r["samples"], r["microsteps"]) for r in records], expected)
+        expect_equal(f"optimizer steps, max_steps={max_steps}", session.optimizer_step, len(expected))
