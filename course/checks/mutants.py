@@ -1,0 +1,296 @@
+"""Automatic mutation analysis: small wrong variants of a lesson's reference, made by rules nobody tuned to
+the checks, graded by the lesson's own checks. A mutant that no check fails either shows a gap in the
+checks or is equivalent to the reference (listed, with a one-line reason, in the lesson's
+``equivalent_mutants.py``).
+
+    python -m course mutants 14                    # every mutant of course/reference/train_loop.py
+    python -m course mutants 14 --function cosine_lr
+
+The rules (each applied to one place at a time, inside the reference's functions and methods; docstrings
+and error-message text are left alone):
+
+* compare: ``<`` <-> ``<=``, ``>`` <-> ``>=``, ``==`` <-> ``!=``, ``is`` <-> ``is not``, ``in`` <-> ``not in``
+* arithmetic: ``+`` <-> ``-``, ``*`` <-> ``/``, ``//`` -> ``/``, ``%`` -> ``//``, ``**`` -> ``*``
+* boolean: ``and`` <-> ``or``, ``not x`` -> ``x``, ``if c`` -> ``if not c`` (a condition that is no comparison)
+* constant: an int n -> n + 1 and n - 1, a float x -> x + 1.0, ``True`` <-> ``False``
+* statement: removed (``pass`` in its place); two neighbouring simple statements swapped
+* call: its first two positional arguments swapped
+* except: ``except Exception`` -> ``except ValueError``; a tuple of exceptions -> its first one
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+from course.implementations import module_from_source
+
+from .framework import PASS, Lesson, run_check
+
+COMPARE_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+                 ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+ARITHMETIC_SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
+                    ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}
+SYMBOLS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is",
+           ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
+           ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**", ast.And: "and", ast.Or: "or"}
+SIMPLE_STATEMENTS = (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)
+CHECK_SECONDS = 120   # a mutant that loops for ever fails the check it hangs in
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """The reference with one rule applied at one place. ``key`` names it stably (function, rule and the
+    rule's occurrence in that function), so an equivalence listing survives edits elsewhere in the file."""
+    function: str
+    line: int
+    rule: str
+    occurrence: int
+    original_line: str
+    source: str = field(repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.function}#{self.occurrence}: {self.rule}"
+
+
+@dataclass
+class MutantResult:
+    mutant: Mutant
+    killed_by: Optional[str]     # the first check that failed it; None: it survived every check
+    seconds: float
+
+
+# --- finding the places and making the mutants -----------------------------------------------------
+
+def _message_nodes(tree: ast.AST) -> set[int]:
+    """ids of nodes whose mutation only changes text: docstrings, f-strings, and what a ``raise`` builds."""
+    skipped = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            skipped |= {id(n) for n in ast.walk(body[0])}
+        if isinstance(node, ast.JoinedStr) or isinstance(node, ast.Raise) and node.exc is not None:
+            target = node if isinstance(node, ast.JoinedStr) else node.exc
+            skipped |= {id(n) for n in ast.walk(target)}
+    return skipped
+
+
+def _rules(node: ast.AST) -> Iterator[tuple[str, Callable[[ast.AST], None]]]:
+    """(rule, apply) for every mutation of ``node`` itself; ``apply`` edits a copy of the node in place."""
+    if isinstance(node, ast.Compare):
+        for index, op in enumerate(node.ops):
+            if type(op) in COMPARE_SWAPS:
+                new = COMPARE_SWAPS[type(op)]
+                yield (f"compare {SYMBOLS[type(op)]} -> {SYMBOLS[new]}",
+                       lambda n, i=index, new=new: n.ops.__setitem__(i, new()))
+    elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in ARITHMETIC_SWAPS:
+        new = ARITHMETIC_SWAPS[type(node.op)]
+        yield f"arithmetic {SYMBOLS[type(node.op)]} -> {SYMBOLS[new]}", lambda n, new=new: setattr(n, "op", new())
+    elif isinstance(node, ast.BoolOp):
+        new = ast.Or if isinstance(node.op, ast.And) else ast.And
+        yield f"boolean {SYMBOLS[type(node.op)]} -> {SYMBOLS[new]}", lambda n, new=new: setattr(n, "op", new())
+    elif isinstance(node, ast.Constant) and not isinstance(node.value, str) and node.value is not None \
+            and node.value is not Ellipsis:
+        value = node.value
+        if isinstance(value, bool):
+            yield f"constant {value} -> {not value}", lambda n: setattr(n, "value", not n.value)
+        elif isinstance(value, int):
+            yield f"constant {value} -> {value + 1}", lambda n: setattr(n, "value", n.value + 1)
+            yield f"constant {value} -> {value - 1}", lambda n: setattr(n, "value", n.value - 1)
+        elif isinstance(value, float):
+            yield f"constant {value!r} -> {value + 1.0!r}", lambda n: setattr(n, "value", n.value + 1.0)
+    elif isinstance(node, ast.Call) and len(node.args) >= 2 and not any(isinstance(a, ast.Starred) for a in node.args[:2]):
+        yield "call: first two arguments swapped", lambda n: n.args.__setitem__(slice(0, 2), n.args[1::-1][:2])
+    elif isinstance(node, ast.ExceptHandler) and node.type is not None:
+        if isinstance(node.type, ast.Name) and node.type.id in ("Exception", "BaseException"):
+            yield f"except {node.type.id} -> ValueError", lambda n: setattr(n, "type", ast.Name("ValueError"))
+        elif isinstance(node.type, ast.Tuple) and len(node.type.elts) > 1:
+            yield "except: only the first exception of the tuple", lambda n: setattr(n, "type", n.type.elts[0])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        yield "boolean: not x -> x", None   # applied by the parent (the node is replaced)
+    if isinstance(node, (ast.If, ast.While)) and not isinstance(node.test, (ast.Compare, ast.UnaryOp)):
+        yield "condition negated", lambda n: setattr(n, "test", ast.UnaryOp(ast.Not(), n.test))
+
+
+def _statement_rules(body: list) -> Iterator[tuple[int, str, Callable[[list], None]]]:
+    """(index, rule, apply) for removing one statement of ``body`` or swapping two simple neighbours."""
+    for index, statement in enumerate(body):
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef, ast.Pass)):
+            continue
+        kind = type(statement).__name__
+        yield index, f"statement removed ({kind})", lambda b, i=index: b.__setitem__(i, ast.Pass())
+        if index + 1 < len(body) and isinstance(statement, SIMPLE_STATEMENTS) and \
+                isinstance(body[index + 1], SIMPLE_STATEMENTS):
+            yield index, "statements swapped with the next one", \
+                lambda b, i=index: b.__setitem__(slice(i, i + 2), [b[i + 1], b[i]])
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{node.name}.{item.name}", item
+
+
+def _sites(tree: ast.Module, only: Optional[str]) -> Iterator[tuple[str, int, str, Callable[[ast.Module], None]]]:
+    """(function, line, rule, apply-to-a-copy-of-the-module) for every mutation site, in file order."""
+    skipped = _message_nodes(tree)
+    for qualified, function in _functions(tree):
+        if only is not None and qualified != only and not qualified.startswith(only + "."):
+            continue
+        nodes = [n for n in ast.walk(function) if n is not function]
+        for position, node in enumerate(nodes):
+            if id(node) in skipped:
+                continue
+            for rule, apply in _rules(node):
+                if apply is None:   # "not x -> x": replace the UnaryOp in its parent
+                    yield qualified, node.lineno, rule, _replacer(qualified, position, lambda n: n.operand)
+                else:
+                    yield qualified, getattr(node, "lineno", function.lineno), rule, \
+                        _editor(qualified, position, apply)
+        for holder in [function, *nodes]:
+            for attribute in ("body", "orelse", "finalbody"):
+                body = getattr(holder, attribute, None)
+                if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                    for index, rule, apply in _statement_rules(body):
+                        if index == 0 and holder is function and id(body[0]) in skipped:
+                            continue   # the docstring
+                        yield qualified, body[index].lineno, rule, \
+                            _body_editor(qualified, ([function, *nodes].index(holder)), attribute, apply)
+
+
+def _function_node(module: ast.Module, qualified: str) -> ast.AST:
+    return dict(_functions(module))[qualified]
+
+
+def _editor(qualified: str, position: int, apply):
+    def edit(module):
+        function = _function_node(module, qualified)
+        apply([n for n in ast.walk(function) if n is not function][position])
+    return edit
+
+
+def _replacer(qualified: str, position: int, replacement):
+    def edit(module):
+        function = _function_node(module, qualified)
+        target = [n for n in ast.walk(function) if n is not function][position]
+        for parent in ast.walk(function):
+            for name, value in ast.iter_fields(parent):
+                if value is target:
+                    setattr(parent, name, replacement(target))
+                elif isinstance(value, list) and any(v is target for v in value):
+                    value[[v is target for v in value].index(True)] = replacement(target)
+    return edit
+
+
+def _body_editor(qualified: str, holder_position: int, attribute: str, apply):
+    def edit(module):
+        function = _function_node(module, qualified)
+        holders = [function, *[n for n in ast.walk(function) if n is not function]]
+        apply(getattr(holders[holder_position], attribute))
+    return edit
+
+
+def mutants(source: str, function: Optional[str] = None) -> list[Mutant]:
+    """Every mutant of ``source`` (only of ``function`` and its methods when given) that still compiles."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    found, occurrences = [], {}
+    for qualified, line, rule, edit in _sites(tree, function):
+        module = copy.deepcopy(tree)
+        edit(module)
+        ast.fix_missing_locations(module)
+        try:
+            text = ast.unparse(module)
+            compile(text, "<mutant>", "exec")
+        except (SyntaxError, ValueError, TypeError):
+            continue
+        occurrence = occurrences[(qualified, rule)] = occurrences.get((qualified, rule), 0) + 1
+        found.append(Mutant(qualified, line, rule, occurrence, lines[line - 1].strip(), text))
+    return found
+
+
+# --- grading them ----------------------------------------------------------------------------------
+
+class CheckTimedOut(Exception):
+    """A check ran longer than CHECK_SECONDS on a mutant (a loop that no longer ends)."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    def expire(signum, frame):
+        raise CheckTimedOut(f"no result after {seconds:.0f} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def exercise_of(lesson: Lesson, source: str, function: str) -> list[str]:
+    """The exercises whose code runs ``function``: the exercise itself, or those calling the helper."""
+    top = function.split(".")[0]
+    names = {e.name for e in lesson.exercises}
+    if top in names:
+        return [top]
+    tree = ast.parse(source)
+    callers = [name for name, node in _functions(tree)
+               if any(isinstance(n, ast.Name) and n.id == top for n in ast.walk(node))]
+    return sorted({c.split(".")[0] for c in callers} & names) or sorted(names)
+
+
+def grade_mutant(lesson: Lesson, mutant: Mutant, exercises: list[str]) -> MutantResult:
+    """Run the checks of ``exercises`` first, then the rest, until one fails the mutant."""
+    start = time.perf_counter()
+    module = module_from_source(mutant.source, f"mutant_{lesson.lesson_id}",
+                                f"<mutant of {lesson.module_file}: {mutant.key}>")
+    ordered = sorted(lesson.checks, key=lambda c: c.exercise not in exercises)
+    for check in ordered:
+        with time_limit(CHECK_SECONDS):
+            try:
+                result = run_check(check, module)
+            except CheckTimedOut:
+                return MutantResult(mutant, check.name, time.perf_counter() - start)
+        if result.status != PASS:
+            return MutantResult(mutant, check.name, time.perf_counter() - start)
+    return MutantResult(mutant, None, time.perf_counter() - start)
+
+
+def analyse(lesson: Lesson, function: Optional[str] = None, progress=None) -> list[MutantResult]:
+    """Grade every mutant of the lesson's reference; ``progress(result)`` after each one."""
+    source = lesson.files()["reference"].read_text(encoding="utf-8")
+    results = []
+    for mutant in mutants(source, function):
+        result = grade_mutant(lesson, mutant, exercise_of(lesson, source, mutant.function))
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results
+
+
+def status_of(result: MutantResult, equivalents: dict[str, str]) -> str:
+    if result.killed_by is not None:
+        return "killed"
+    return "equivalent" if result.mutant.key in equivalents else "survived"
+
+
+def score_line(lesson_id: str, results: list[MutantResult], equivalents: dict[str, str]) -> str:
+    statuses = [status_of(r, equivalents) for r in results]
+    killed, equivalent = statuses.count("killed"), statuses.count("equivalent")
+    survived = len(statuses) - killed - equivalent
+    graded = len(statuses) - equivalent
+    score = 100.0 * killed / graded if graded else 100.0
+    return (f"lesson {lesson_id}: {len(statuses)} mutants, {killed} killed, {equivalent} equivalent, "
+            f"{survived} survived: score {score:.1f} % of the non-equivalent")
+
