@@ -4,7 +4,7 @@ Read course/lessons/16_token_weighted_training_session.md (Chinese:
 course/lessons/zh/16_token_weighted_training_session.md), replace each ``raise NotImplementedError``
 with your code, then run ``python -m course check 16``. The API types (``TrainingStepOutput``,
 ``TrainingStepOptions``, ``TrainingStepReport``, ``TrainingSessionState``,
-``AccumulationInvalidError``) are given in ``course/lesson16_runtime/types.py``.
+``AccumulationInvalidError``) are given in ``course/protocol/types.py``.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from contextlib import nullcontext  # noqa: F401 - autocast=None and the DDP no_
 
 import torch  # noqa: F401
 
-from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
+from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX  # noqa: F401
 # for your test (§4.4):
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum  # noqa: F401
+from course.protocol.text import shifted_target_count, token_nll_sum  # noqa: F401
 from course.runs import SESSION_SCENARIO, masked_micro_batches, tiny_model  # noqa: F401
 
 

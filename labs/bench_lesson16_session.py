@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from course.lesson16_runtime.text import TextBatch, naive_mean_step, token_weighted_step
+from course.protocol.text import TextBatch, naive_mean_step, token_weighted_step
 from course.reference import train_session as ref
 from course.reference.train_loop import cosine_lr, train_one_epoch
 from course.runs import (LoopScenario, global_batch_gradients, grads_of, masked_micro_batches, new_session,

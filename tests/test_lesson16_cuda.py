@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from course.checks.framework import expect_close, expect_equal, expect_tensors_close
-from course.lesson16_runtime.driver import LossReadback, run_text_training
-from course.lesson16_runtime.text import token_weighted_step
-from course.lesson16_runtime.types import TrainingRunState
+from course.protocol.driver import LossReadback, run_text_training
+from course.protocol.text import token_weighted_step
+from course.protocol.types import TrainingRunState
 from course.reference import train_session as ref
 from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, inject_overflow,
                          masked_micro_batches, new_session, params_of, run_update, tiny_batches)

@@ -2,7 +2,7 @@
 
 Exercise items run a check of ``course.checks.lesson16`` through the ``graded`` fixture (student
 stubs skip as TODO, the reference must pass). Items about the runtime (run driver, trainer script,
-resume, DDP) test ``course.lesson16_runtime`` directly; the mistake catalogue is tests/test_mistakes.py.
+resume, DDP) test ``course.protocol`` and ``course.trainers`` directly; the mistake catalogue is tests/test_mistakes.py.
 """
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from course.checks import get_lesson
 from course.checks.framework import expect_equal, expect_tensors_close
 from course.checks.lesson16 import GRAD_ATOL, GRAD_RTOL
 from course.implementations import load_module
-from course.lesson16_runtime import train_text
-from course.lesson16_runtime.driver import LossReadback, run_text_training
-from course.lesson16_runtime.text import collate, token_weighted_step
-from course.lesson16_runtime.train_state import load_train_state, save_train_state
-from course.lesson16_runtime.types import TrainingRunState
 from course.minimind import TINY_CORPUS, PretrainDataset
+from course.protocol.driver import LossReadback, run_text_training
+from course.protocol.text import collate, token_weighted_step
+from course.protocol.types import TrainingRunState
 from course.reference import train_session as ref
 from course.reference.checkpoint import save_checkpoint
 from course.reference.train_loop import cosine_lr
 from course.runs import (SESSION_SCENARIO, global_batch_gradients, grads_of, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches)
+from course.trainers import session_text
+from course.trainers.session_train_state import load_train_state, save_train_state
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = get_lesson("16")
@@ -319,20 +319,20 @@ TRAINER_ARGS = ["--batch-size", "8", "--accum-steps", "4", "--hidden-size", "32"
 
 def test_trainer_script_saves_and_resumes_own_and_legacy(tmp_path, capsys):
     args = TRAINER_ARGS + ["--save-dir", str(tmp_path)]
-    first = train_text.main(args + ["--max-steps", "2"])
+    first = session_text.main(args + ["--max-steps", "2"])
     out = capsys.readouterr().out
     assert "Epoch:[1/1](2/20), loss:" in out, out
     expect_equal("first run: global steps", [r["global_step"] for r in first], [1, 2])
     state = torch.load(tmp_path / "train_state.pt", weights_only=True)
     expect_equal("saved semantics and position", (state["batch_size_semantics"], state["global_batch_size"],
                                                    state["global_step"]), ("global", 8, 2))
-    resumed = train_text.main(args + ["--max-steps", "3", "--resume", str(tmp_path / "train_state.pt")])
+    resumed = session_text.main(args + ["--max-steps", "3", "--resume", str(tmp_path / "train_state.pt")])
     expect_equal("resumed run: global steps", [r["global_step"] for r in resumed], [3])
     legacy = {"epoch": 0, "step": 5, "batch_size": 2, "accum_steps": 4, "model": state["model"],
               "optimizer": state["optimizer"], "scaler": state["scaler"], "world_size": 1}
     torch.save(legacy, tmp_path / "legacy.pt")
     capsys.readouterr()
-    from_legacy = train_text.main(args + ["--max-steps", "2", "--resume", str(tmp_path / "legacy.pt")])
+    from_legacy = session_text.main(args + ["--max-steps", "2", "--resume", str(tmp_path / "legacy.pt")])
     out = capsys.readouterr().out
     assert "legacy micro-batch semantics" in out and "update boundary" in out, out
     expect_equal("legacy resume: global steps", [r["global_step"] for r in from_legacy], [2])
@@ -346,7 +346,7 @@ def test_trainer_resumes_a_lesson15_stage_assembly_checkpoint(tmp_path, capsys):
                        "--accumulation_steps", "4",
                        "--save_interval", "8", "--stop_after", "8", "--out_dir", str(tmp_path)] + model_args) == 0
     capsys.readouterr()
-    records = train_text.main([a.replace("_", "-") for a in model_args] + [
+    records = session_text.main([a.replace("_", "-") for a in model_args] + [
         "--batch-size", "32", "--accum-steps", "4", "--max-steps", "3", "--no-progress", "--log-interval", "1",
         "--save-dir", str(tmp_path), "--resume", str(tmp_path / "pretrain_32_resume.pth")])
     out = capsys.readouterr().out
@@ -370,7 +370,7 @@ def test_trainer_resumes_a_stage_assembly_epoch_end_at_the_next_epoch(tmp_path, 
     saved = torch.load(tmp_path / "pretrain_32_resume.pth", weights_only=True)
     expect_equal("stage assembly's epoch-end checkpoint: (epoch, step)", (saved["epoch"], saved["step"]), (0, 27))
     capsys.readouterr()
-    records = train_text.main([a.replace("_", "-") for a in model_args] + [
+    records = session_text.main([a.replace("_", "-") for a in model_args] + [
         "--batch-size", "24", "--accum-steps", "4", "--epochs", "2", "--max-steps", "8", "--no-progress",
         "--log-interval", "1", "--save-dir", str(tmp_path), "--resume", str(tmp_path / "pretrain_32_resume.pth")])
     out = capsys.readouterr().out
@@ -381,7 +381,7 @@ def test_trainer_resumes_a_stage_assembly_epoch_end_at_the_next_epoch(tmp_path, 
 
 def test_trainer_rejects_a_global_batch_not_divisible_by_accum(capsys):
     with pytest.raises(SystemExit) as exc:
-        train_text.main(["--batch-size", "8", "--accum-steps", "3"])
+        session_text.main(["--batch-size", "8", "--accum-steps", "3"])
     assert exc.value.code == 2
     assert "--batch-size (8)" in capsys.readouterr().err
 
@@ -420,7 +420,7 @@ def test_grad_scaler_overflow_keeps_the_scale_during_accumulation():
 
 @pytest.mark.ddp
 def test_ddp_gradients_equal_the_single_process_global_batch():
-    from course.lesson16_runtime.ddp import spawn_ddp_update
+    from course.trainers.session_ddp import spawn_ddp_update
     ranks = spawn_ddp_update(2)
     expected, _, _ = global_batch_gradients(masked_micro_batches())
     for rank, result in enumerate(ranks):
@@ -453,7 +453,7 @@ def test_gloo_process_group_frees_ddp_objects_before_teardown():
 
 
 def run_trainer(tmp_path, capsys, *flags) -> tuple[list[float], dict]:
-    records = train_text.main(TRAINER_ARGS + ["--max-steps", "3", "--save-dir", str(tmp_path / "_".join(flags))]
+    records = session_text.main(TRAINER_ARGS + ["--max-steps", "3", "--save-dir", str(tmp_path / "_".join(flags))]
                               + list(flags))
     capsys.readouterr()
     state = torch.load(tmp_path / "_".join(flags) / "train_state.pt", weights_only=True)
@@ -487,7 +487,7 @@ def test_trainer_dtype_flag_autocasts_and_scales_fp16_only(tmp_path, capsys, dty
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
 def test_trainer_device_cuda_without_cuda_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train_text.main(TRAINER_ARGS + ["--device", "cuda"])
+        session_text.main(TRAINER_ARGS + ["--device", "cuda"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--device cuda" in err, f"exit {exit_info.value.code}:\n{err}"
 

@@ -12,9 +12,9 @@ import contextlib
 
 import torch
 
-from course.lesson16_runtime.driver import run_text_training
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum, token_weighted_step
-from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingRunState,
+from course.protocol.driver import run_text_training
+from course.protocol.text import shifted_target_count, token_nll_sum, token_weighted_step
+from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingRunState,
                                            TrainingStepOptions)
 from course.runs import (SESSION_SCENARIO, accumulate_token_weighted, capture_grads, global_batch_gradients,
                          in_float64, masked_micro_batches, new_session, params_of, run_update, tiny_batches, tiny_model)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from course.lesson16_runtime.driver import epoch_order
-from course.lesson16_runtime.text import collate, naive_mean_step, token_weighted_step
+from course.protocol.driver import epoch_order
+from course.protocol.text import collate, naive_mean_step, token_weighted_step
 from course.minimind import TINY_CORPUS, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, setup_seed
 from course.runs import grads_of, run_update
 

@@ -17,8 +17,8 @@ from contextlib import nullcontext
 
 import torch
 
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
-from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
+from course.protocol.text import shifted_target_count, token_nll_sum
+from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX
 from course.reference.train_loop import should_step_optimizer

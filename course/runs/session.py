@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from course.lesson16_runtime.text import TextBatch, collate, shifted_target_count, token_nll_sum, token_weighted_step
-from course.lesson16_runtime.types import TrainingStepOptions, TrainingStepReport
+from course.protocol.text import TextBatch, collate, shifted_target_count, token_nll_sum, token_weighted_step
+from course.protocol.types import TrainingStepOptions, TrainingStepReport
 
 from .eager import eager
 from .loop import LoopScenario, tiny_batches, tiny_model

@@ -6,9 +6,9 @@ script saves ``train_state.pt``, a lesson-15 resume checkpoint carrying ``batch_
 and resumes from it or from a legacy one (``batch_size`` = micro-batch, ``step`` = micro-steps, e.g.
 ``impl/train_pretrain_impl.py --save_interval``), at the last update boundary.
 
-    python -m course.lesson16_runtime.train_text --batch-size 8 --accum-steps 4 --epochs 1
-    python -m course.lesson16_runtime.train_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
-    python -m course.lesson16_runtime.train_text --device cuda --dtype float16   # autocast + an enabled GradScaler
+    python -m course.trainers.session_text --batch-size 8 --accum-steps 4 --epochs 1
+    python -m course.trainers.session_text --batch-size 8 --accum-steps 4 --resume out/lesson16/train_state.pt
+    python -m course.trainers.session_text --device cuda --dtype float16   # autocast + an enabled GradScaler
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYE
                              MiniMindForCausalLM, PretrainDataset, setup_seed)
 from course.reference import train_session as reference_impl
 
-from .driver import LossReadback, dataset_identity, run_text_training
-from .train_state import load_train_state, save_train_state
-from .types import TrainingRunState
+from course.protocol.driver import LossReadback, dataset_identity, run_text_training
+from course.trainers.session_train_state import load_train_state, save_train_state
+from course.protocol.types import TrainingRunState
 
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from course.reference import train_session as reference_impl
 from course.reference.checkpoint import load_checkpoint, save_checkpoint
 
-from .types import GLOBAL_SEMANTICS, TrainingRunState, TrainingSessionState
+from course.protocol.types import GLOBAL_SEMANTICS, TrainingRunState, TrainingSessionState
 
 
 def save_train_state(path, session, run: TrainingRunState, *, global_batch_size: int, accum_steps: int) -> Path:
