@@ -60,7 +60,7 @@ def time_session(batches) -> float:
     """The same work through TrainingSession: model loss per micro-batch, lesson 14's lr, one readback at the end."""
     model = tiny_model(WORKLOAD)
     session = ref.TrainingSession(model, torch.optim.AdamW(model.parameters(), lr=5e-4),
-                                  grad_accum_steps=WORKLOAD.accumulation_steps)
+                                  accumulation_steps=WORKLOAD.accumulation_steps)
     k = WORKLOAD.accumulation_steps
     start = time.perf_counter()
     losses = []

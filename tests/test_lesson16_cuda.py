@@ -115,7 +115,7 @@ def driven(session, *, overflow: bool, step_fn=token_weighted_step):
     input_ids, labels = tiny_batches(SAMPLES, SESSION_SCENARIO.max_length, 1, 3)[0]
     readback = LossReadback()
     records = run_text_training(session, list(zip(input_ids, labels)), TrainingRunState(base_lr=1e-3),
-                                global_batch_size=GLOBAL_BATCH, accum_steps=ACCUM, epochs=1, impl=ref,
+                                global_batch_size=GLOBAL_BATCH, accumulation_steps=ACCUM, epochs=1, impl=ref,
                                 readback=readback, step_fn=step_fn)
     return readback, records
 

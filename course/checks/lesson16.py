@@ -84,7 +84,7 @@ def split_global_batch_micro_sizes(impl):
              ((list(range(6)), 6, 6), [[0], [1], [2], [3], [4], [5]])]
     for (samples, global_batch, accum), expected in cases:
         got = [list(m) for m in impl.split_global_batch(samples, global_batch, accum)]
-        expect_equal(f"split_global_batch({samples}, global_batch_size={global_batch}, grad_accum_steps={accum})",
+        expect_equal(f"split_global_batch({samples}, global_batch_size={global_batch}, accumulation_steps={accum})",
                      got, expected)
 
 
@@ -92,11 +92,11 @@ def split_global_batch_micro_sizes(impl):
 def split_global_batch_fails_fast(impl):
     """global % accum != 0, sizes < 1, empty or oversized sample lists raise ValueError naming the argument."""
     expect_raises("split_global_batch(8 samples, 8, 3)", lambda: impl.split_global_batch(list(range(8)), 8, 3),
-                  ValueError, "grad_accum_steps")
+                  ValueError, "accumulation_steps")
     expect_raises("split_global_batch(.., 0, 1)", lambda: impl.split_global_batch([1], 0, 1), ValueError,
                   "global_batch_size")
     expect_raises("split_global_batch(.., 4, 0)", lambda: impl.split_global_batch([1], 4, 0), ValueError,
-                  "grad_accum_steps")
+                  "accumulation_steps")
     expect_raises("split_global_batch([], 4, 2)", lambda: impl.split_global_batch([], 4, 2), ValueError, "samples")
     expect_raises("split_global_batch(9 samples, 8, 4)", lambda: impl.split_global_batch(list(range(9)), 8, 4),
                   ValueError, "samples")
@@ -214,7 +214,7 @@ def session_rejects_zero_normalization_units(impl):
     expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
                          rtol=0.0, atol=0.0)
     expect_equal("optimizer_step after a rejected update", session.optimizer_step, 0)
-    expect_raises("TrainingSession(grad_accum_steps=0)", lambda: new_session(impl, 0), ValueError, "grad_accum_steps")
+    expect_raises("TrainingSession(accumulation_steps=0)", lambda: new_session(impl, 0), ValueError, "accumulation_steps")
 
 
 @check("TrainingSession", hidden=True)
@@ -224,7 +224,7 @@ def session_rejects_an_optimizer_on_other_tensors(impl):
     model = tiny_model(SESSION_SCENARIO)
     orphan_optimizer = torch.optim.SGD(tiny_model(SESSION_SCENARIO).parameters(), lr=0.1)
     expect_raises("TrainingSession(model, optimizer over another model's parameters)",
-                  lambda: impl.TrainingSession(model, orphan_optimizer, grad_accum_steps=2), ValueError, "optimizer")
+                  lambda: impl.TrainingSession(model, orphan_optimizer, accumulation_steps=2), ValueError, "optimizer")
 
 
 @check("TrainingSession", hidden=True)
@@ -417,7 +417,7 @@ def session_uses_no_sync_before_the_last_microstep(impl):
             self.forward_log.append(self.in_no_sync)
             return self.inner(input_ids, labels=labels)
     model = SyncRecorder(tiny_model(SESSION_SCENARIO))
-    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=4)
+    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4)
     run_update(session, masked_micro_batches()[:3])
     expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
                  model.forward_log, [True, True, False])
@@ -486,7 +486,7 @@ def session_drives_the_text_run(impl):
     dataset = list(zip(input_ids, labels))
     for max_steps, expected in [(0, [(8, 4), (8, 4), (4, 2)]), (2, [(8, 4), (8, 4)])]:
         session = new_session(impl, 4)
-        records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accum_steps=4,
+        records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accumulation_steps=4,
                                     epochs=1, max_steps=max_steps, impl=impl)
         expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
                      [(r["samples"], r["microsteps"]) for r in records], expected)
@@ -635,7 +635,7 @@ def token_weighted_test_passes_correct_and_fails_wrong(impl):
 
 LESSON.mistake('loss_over_k', 'backpropagates loss / K (mean of micro-batch means) instead of unit weighting',
                'weight = output.gradient_units / options.normalization_units',
-               'weight = 1 / self.grad_accum_steps',
+               'weight = 1 / self.accumulation_steps',
                session_global_normalization_matches_one_backward)
 LESSON.mistake('counts_unshifted_labels', 'counts labels != -100 without the shift: one target too many per row',
                'return int((labels[..., 1:] != IGNORE_INDEX).sum())',

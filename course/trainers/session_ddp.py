@@ -60,7 +60,7 @@ def ddp_update_gradients(rank: int, world_size: int) -> dict[str, dict[str, torc
     results = {}
     for name, (units, step_fn) in setups.items():
         model = DistributedDataParallel(tiny_model(SESSION_SCENARIO))   # same seed on every rank
-        session = TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=len(mine))
+        session = TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=len(mine))
         captured: dict = {}
 
         def capture(model=model, captured=captured):

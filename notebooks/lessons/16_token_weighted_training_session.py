@@ -56,7 +56,7 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 2 — a global batch in micro-batches (lesson 16 §4.2, semantics in §5.3)
 #
-# `--batch-size` is now the batch of one optimizer update; K micro-batches share it.
+# `--global-batch-size` is the batch of one optimizer update; K micro-batches share it.
 
 # %%
 # exercise: split_global_batch
