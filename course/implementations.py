@@ -29,11 +29,12 @@ def impl_root(impl: str = "student", impl_dir: Optional[str] = None) -> Path:
     return STUDENT_DIR if impl == "student" else REFERENCE_DIR
 
 
-def add_impl_arguments(parser: argparse.ArgumentParser, files: str) -> None:
-    """``--impl student|reference`` (default student) and ``--impl-dir DIR``: the choice every
-    command-line trainer passes to ``load_implementation``; ``files`` names the files it loads."""
-    parser.add_argument("--impl", choices=IMPL_CHOICES, default="student",
-                        help=f"whose {files} to run (default: yours, in impl/)")
+def add_impl_arguments(parser: argparse.ArgumentParser, files: str, default: str = "student") -> None:
+    """``--impl student|reference`` and ``--impl-dir DIR``: the choice every command-line trainer passes
+    to ``load_implementation``; ``files`` names the files it loads."""
+    whose = "yours, in impl/" if default == "student" else "the reference"
+    parser.add_argument("--impl", choices=IMPL_CHOICES, default=default,
+                        help=f"whose {files} to run (default: {whose})")
     parser.add_argument("--impl-dir", "--impl_dir", dest="impl_dir", default=None, metavar="DIR",
                         help=f"run a submission laid out like impl/ (its {files}) instead")
 
