@@ -4,6 +4,7 @@ all load through here.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -26,6 +27,16 @@ def impl_root(impl: str = "student", impl_dir: Optional[str] = None) -> Path:
     if impl not in IMPL_CHOICES:
         raise ValueError(f"impl must be one of {IMPL_CHOICES}, got {impl!r}")
     return STUDENT_DIR if impl == "student" else REFERENCE_DIR
+
+
+def add_impl_arguments(parser: argparse.ArgumentParser, files: str, default: str = "student") -> None:
+    """``--impl student|reference`` and ``--impl-dir DIR``: the choice every command-line trainer passes
+    to ``load_implementation``; ``files`` names the files it loads."""
+    whose = "yours, in impl/" if default == "student" else "the reference"
+    parser.add_argument("--impl", choices=IMPL_CHOICES, default=default,
+                        help=f"whose {files} to run (default: {whose})")
+    parser.add_argument("--impl-dir", "--impl_dir", dest="impl_dir", default=None, metavar="DIR",
+                        help=f"run a submission laid out like impl/ (its {files}) instead")
 
 
 def load_module(path: Path, label: str) -> ModuleType:

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 from tqdm import tqdm
 
-from course.implementations import load_implementation
+from course.implementations import add_impl_arguments, load_implementation
 from course.minimind import IGNORE_INDEX, TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
 from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_tokenizer, build_training
@@ -65,10 +65,7 @@ def parse_args(argv=None):
                         help="share of the data (its last lines) held out for validation; 0: no validation")
     parser.set_defaults(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0,
                         **PRESETS[preset.parse_known_args(argv)[0].preset])
-    parser.add_argument("--impl", choices=["student", "reference"], default="student",
-                        help="whose train_one_epoch to run (default: yours, impl/train_loop.py)")
-    parser.add_argument("--impl-dir", dest="impl_dir", default=None, metavar="DIR",
-                        help="run a submission laid out like impl/ (its train_loop.py and checkpoint.py) instead")
+    add_impl_arguments(parser, "train_loop.py and checkpoint.py")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))
     # Lesson 15. --save_interval (upstream's flag) counts micro-steps; 0 writes no resume checkpoint.
     parser.add_argument("--resume", default=None, metavar="PATH",
@@ -446,7 +443,7 @@ def train(args) -> int:
                 if args.save_interval and (end % args.save_interval == 0 or end == iters) or end == stop_step:
                     # every rank calls it (each checks its own gradients); lesson 15's save_checkpoint writes on
                     # rank 0 only, the unwrapped model's state. batch_size / accum_steps: a legacy (micro-batch)
-                    # training state for lesson 16's trainer
+                    # training state for lesson 16's trainer (``accum_steps`` is that format's key for K)
                     ckpt.save_checkpoint(resume_file, model=trained, optimizer=optimizer, scaler=scaler,
                                          epoch=epoch, step=end, run_config=run_config(args),
                                          batch_size=args.batch_size, accum_steps=args.accumulation_steps)

@@ -4,7 +4,7 @@ Read course/lessons/16_token_weighted_training_session.md (Chinese:
 course/lessons/zh/16_token_weighted_training_session.md), replace each ``raise NotImplementedError``
 with your code, then run ``python -m course check 16``. The API types (``TrainingStepOutput``,
 ``TrainingStepOptions``, ``TrainingStepReport``, ``TrainingSessionState``,
-``AccumulationInvalidError``) are given in ``course/lesson16_runtime/types.py``.
+``AccumulationInvalidError``) are given in ``course/protocol/types.py``.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from contextlib import nullcontext  # noqa: F401 - autocast=None and the DDP no_
 
 import torch  # noqa: F401
 
-from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
+from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,  # noqa: F401
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX  # noqa: F401
 # for your test (§4.4):
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum  # noqa: F401
+from course.protocol.text import shifted_target_count, token_nll_sum  # noqa: F401
 from course.runs import SESSION_SCENARIO, masked_micro_batches, tiny_model  # noqa: F401
 
 
@@ -32,13 +32,13 @@ def count_loss_units(labels: torch.Tensor) -> int:
     raise NotImplementedError("count_loss_units: TODO - see lesson 16 §4.1")
 
 
-def split_global_batch(samples, global_batch_size: int, grad_accum_steps: int) -> list[list]:
+def split_global_batch(samples, global_batch_size: int, accumulation_steps: int) -> list[list]:
     """TODO (lesson 16 §4.2): cut one global batch into micro-batches of global // accum samples.
 
     Keep the order; return a list of lists. A short final global batch is split over what remains (the
     last micro-batch may be smaller): 5 samples, global 8, accum 4 -> ``[[0, 1], [2, 3], [4]]``. Raise ``ValueError`` naming the argument when ``global_batch_size`` or
-    ``grad_accum_steps`` is < 1, when ``global_batch_size % grad_accum_steps != 0`` (name
-    ``grad_accum_steps``), or when ``samples`` is empty or longer than ``global_batch_size``.
+    ``accumulation_steps`` is < 1, when ``global_batch_size % accumulation_steps != 0`` (name
+    ``accumulation_steps``), or when ``samples`` is empty or longer than ``global_batch_size``.
     """
     raise NotImplementedError("split_global_batch: TODO - see lesson 16 §4.2")
 
@@ -52,13 +52,13 @@ def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
 
 
 class TrainingSession:
-    """TODO (lesson 16 §4.3): one parameter update executed over ``grad_accum_steps`` calls.
+    """TODO (lesson 16 §4.3): one parameter update executed over ``accumulation_steps`` calls.
 
     Replaces the accumulation part of ``course/minimind/train_pretrain.py::train_epoch`` (``loss / K``,
     ``step % K``, the tail flush). Public API the checks use:
 
-    * ``__init__(model, optimizer, *, grad_accum_steps, scaler=None, autocast=None)``:
-      ``ValueError`` naming ``grad_accum_steps`` if < 1, and naming ``optimizer`` if it holds a
+    * ``__init__(model, optimizer, *, accumulation_steps, scaler=None, autocast=None)``:
+      ``ValueError`` naming ``accumulation_steps`` if < 1, and naming ``optimizer`` if it holds a
       tensor that is not one of ``model.parameters()``. ``scaler=None`` means a disabled
       ``torch.amp.GradScaler`` for the model's device; ``autocast=None`` means ``nullcontext()``.
     * attributes ``optimizer_step`` (updates done), ``microsteps_accumulated``, ``accumulation_valid``.
@@ -97,7 +97,7 @@ class TrainingSession:
       nothing; else restore ``optimizer_step`` and set ``state.lr`` in every param group.
     """
 
-    def __init__(self, model, optimizer, *, grad_accum_steps: int, scaler=None, autocast=None):
+    def __init__(self, model, optimizer, *, accumulation_steps: int, scaler=None, autocast=None):
         raise NotImplementedError("TrainingSession: TODO - see lesson 16 §4.3")
 
     def reset_accumulation(self) -> None:

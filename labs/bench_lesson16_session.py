@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from course.lesson16_runtime.text import TextBatch, naive_mean_step, token_weighted_step
+from course.protocol.text import TextBatch, naive_mean_step, token_weighted_step
 from course.reference import train_session as ref
 from course.reference.train_loop import cosine_lr, train_one_epoch
 from course.runs import (LoopScenario, global_batch_gradients, grads_of, masked_micro_batches, new_session,
@@ -60,7 +60,7 @@ def time_session(batches) -> float:
     """The same work through TrainingSession: model loss per micro-batch, lesson 14's lr, one readback at the end."""
     model = tiny_model(WORKLOAD)
     session = ref.TrainingSession(model, torch.optim.AdamW(model.parameters(), lr=5e-4),
-                                  grad_accum_steps=WORKLOAD.accumulation_steps)
+                                  accumulation_steps=WORKLOAD.accumulation_steps)
     k = WORKLOAD.accumulation_steps
     start = time.perf_counter()
     losses = []

@@ -2,6 +2,7 @@
 
     python labs/lesson14_fix_upstream.py                      # the reference's extensions
     python labs/lesson14_fix_upstream.py --impl student       # yours, from impl/train_loop.py
+    python labs/lesson14_fix_upstream.py --impl-dir DIR       # a submission laid out like impl/
 
 On the course's tiny model (CPU, fp32, the built-in corpus); the figures go to --out (default figures/):
   10.1 the tail update's gradient, measured as a multiple of its micro-batches' mean gradient:
@@ -21,7 +22,7 @@ from pathlib import Path
 import matplotlib
 import torch
 
-from course.implementations import load_implementation
+from course.implementations import add_impl_arguments, load_implementation
 from course.minimind import get_lr
 from course.runs import LoopScenario, tiny_batches, tiny_model
 from lesson14_trace_pretrain_step import positive_int  # labs/ is on sys.path when a lab runs
@@ -35,8 +36,7 @@ K = 4
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--impl", choices=["reference", "student"], default="reference",
-                        help="whose extensions run (student: impl/train_loop.py)")
+    add_impl_arguments(parser, "train_loop.py extensions", default="reference")
     parser.add_argument("--out", default="figures", help="folder for the four PNG figures")
     parser.add_argument("--updates", type=positive_int, default=60, help="updates of the 10.3 and 10.4 runs")
     return parser.parse_args(argv)
@@ -202,7 +202,7 @@ def figure_warmup(impl, out: Path, updates: int) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    impl = load_implementation("train_loop.py", args.impl)
+    impl = load_implementation("train_loop.py", args.impl, args.impl_dir)
     torch.set_num_threads(1)   # tiny tensors: one thread is faster, and a busy machine slows it least
     out = Path(args.out)
     try:
@@ -211,9 +211,8 @@ def main(argv=None) -> None:
         figure_norm_decay(impl, out, args.updates)
         figure_warmup(impl, out, args.updates)
     except NotImplementedError as exc:
-        print(f"TODO: {exc}\n--impl {args.impl} draws the lesson-14 §10 extensions of "
-              f"{'impl/train_loop.py' if args.impl == 'student' else 'the reference'}; write this one, or run "
-              "--impl reference meanwhile.", file=sys.stderr)
+        print(f"TODO: {exc}\nthe lab draws the lesson-14 §10 extensions of {impl.__file__}; write this one, "
+              "or run --impl reference meanwhile.", file=sys.stderr)
         sys.exit(1)
 
 

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from course.lesson16_runtime.ddp import ddp_update_gradients
+from course.trainers.session_ddp import ddp_update_gradients
 from course.runs.distributed import process_group
 from course.runs import global_batch_gradients, masked_micro_batches
 

@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from course.lesson16_runtime.text import token_nll_sum
+from course.protocol.text import token_nll_sum
 from course.minimind import IGNORE_INDEX
 from course.runs import SESSION_SCENARIO, global_batch_gradients, masked_micro_batches, tiny_model
 

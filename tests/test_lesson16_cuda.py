@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from course.checks.framework import expect_close, expect_equal, expect_tensors_close
-from course.lesson16_runtime.driver import LossReadback, run_text_training
-from course.lesson16_runtime.text import token_weighted_step
-from course.lesson16_runtime.types import TrainingRunState
+from course.protocol.driver import LossReadback, run_text_training
+from course.protocol.text import token_weighted_step
+from course.protocol.types import TrainingRunState
 from course.reference import train_session as ref
 from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, inject_overflow,
                          masked_micro_batches, new_session, params_of, run_update, tiny_batches)
@@ -115,7 +115,7 @@ def driven(session, *, overflow: bool, step_fn=token_weighted_step):
     input_ids, labels = tiny_batches(SAMPLES, SESSION_SCENARIO.max_length, 1, 3)[0]
     readback = LossReadback()
     records = run_text_training(session, list(zip(input_ids, labels)), TrainingRunState(base_lr=1e-3),
-                                global_batch_size=GLOBAL_BATCH, accum_steps=ACCUM, epochs=1, impl=ref,
+                                global_batch_size=GLOBAL_BATCH, accumulation_steps=ACCUM, epochs=1, impl=ref,
                                 readback=readback, step_fn=step_fn)
     return readback, records
 

@@ -2,33 +2,35 @@
 
 Exercise items run a check of ``course.checks.lesson16`` through the ``graded`` fixture (student
 stubs skip as TODO, the reference must pass). Items about the runtime (run driver, trainer script,
-resume, DDP) test ``course.lesson16_runtime`` directly; the mistake catalogue is tests/test_mistakes.py.
+resume, DDP) test ``course.protocol`` and ``course.trainers`` directly; the mistake catalogue is tests/test_mistakes.py.
 """
 from __future__ import annotations
 
 import gc
 import math
+import shutil
 import weakref
 from pathlib import Path
 
 import pytest
 import torch
+from stub_copies import untouched_impl
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal, expect_tensors_close
 from course.checks.lesson16.checks import GRAD_ATOL, GRAD_RTOL
-from course.implementations import load_module
-from course.lesson16_runtime import train_text
-from course.lesson16_runtime.driver import LossReadback, run_text_training
-from course.lesson16_runtime.text import collate, token_weighted_step
-from course.lesson16_runtime.train_state import load_train_state, save_train_state
-from course.lesson16_runtime.types import TrainingRunState
+from course.implementations import REFERENCE_DIR, load_module
 from course.minimind import TINY_CORPUS, PretrainDataset
+from course.protocol.driver import LossReadback, run_text_training
+from course.protocol.text import collate, token_weighted_step
+from course.protocol.types import TrainingRunState
 from course.reference import train_session as ref
 from course.reference.checkpoint import save_checkpoint
 from course.reference.train_loop import cosine_lr
 from course.runs import (SESSION_SCENARIO, global_batch_gradients, grads_of, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches)
+from course.trainers import session_text
+from course.trainers.session_train_state import load_train_state, save_train_state
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = get_lesson("16")
@@ -124,7 +126,7 @@ def small_dataset(count: int = 20) -> list:
 def drive(dataset, **kwargs):
     session = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
     run = kwargs.pop("run", None) or TrainingRunState(base_lr=1e-3)
-    return session, run, run_text_training(session, dataset, run, global_batch_size=8, accum_steps=4, impl=ref,
+    return session, run, run_text_training(session, dataset, run, global_batch_size=8, accumulation_steps=4, impl=ref,
                                            **kwargs)
 
 
@@ -210,8 +212,8 @@ def test_the_driver_passes_each_update_its_own_valid_target_count():
     for input_ids, labels in dataset:
         targets_of.setdefault(tuple(input_ids.tolist()), sum(1 for t in labels.tolist()[1:] if t != -100))
     model_session = new_session(ref, 4)
-    session = UnitsRecorder(model_session.model, model_session.optimizer, grad_accum_steps=4)
-    run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accum_steps=4, epochs=1, impl=ref)
+    session = UnitsRecorder(model_session.model, model_session.optimizer, accumulation_steps=4)
+    run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accumulation_steps=4, epochs=1, impl=ref)
     updates, current = [], []
     for input_ids, units, closes in session.calls:
         current.append((input_ids, units))
@@ -234,12 +236,12 @@ def test_resume_from_a_new_state_matches_the_straight_run(tmp_path):
     dataset = small_dataset(20)
     straight, _, _ = drive(dataset, epochs=2)
     first, run, _ = drive(dataset, epochs=2, max_steps=4)
-    path = save_train_state(tmp_path / "s.pt", first, run, global_batch_size=8, accum_steps=4)
+    path = save_train_state(tmp_path / "s.pt", first, run, global_batch_size=8, accumulation_steps=4)
     resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
-    run2, note = load_train_state(path, resumed, global_batch_size=8, accum_steps=4, sample_count=20, identity="")
+    run2, note = load_train_state(path, resumed, global_batch_size=8, accumulation_steps=4, sample_count=20, identity="")
     expect_equal("restored run state", (run2.epoch, run2.update_step_in_epoch, run2.global_step, resumed.optimizer_step),
                  (1, 1, 4, 4))
-    run_text_training(resumed, dataset, run2, global_batch_size=8, accum_steps=4, epochs=2, impl=ref)
+    run_text_training(resumed, dataset, run2, global_batch_size=8, accumulation_steps=4, epochs=2, impl=ref)
     expect_tensors_close("parameters: resumed run vs straight run (bitwise, same process)",
                          params_of(resumed.model), params_of(straight.model), rtol=0.0, atol=0.0)
 
@@ -249,16 +251,17 @@ def test_resume_from_a_legacy_state_restarts_at_the_update_boundary(tmp_path):
     straight, _, _ = drive(dataset, epochs=1)
     one_update, _, _ = drive(dataset, epochs=1, max_steps=1)
     # a lesson-15 checkpoint in micro-batch semantics, labelled as saved mid-way through update 2
+    # (``accum_steps``: that format's key for K)
     save_checkpoint(tmp_path / "legacy.pt", model=one_update.model, optimizer=one_update.optimizer, scaler=None,
                     epoch=0, step=7, batch_size=2, accum_steps=4)
     resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
-    run, note = load_train_state(tmp_path / "legacy.pt", resumed, global_batch_size=8, accum_steps=4, sample_count=20,
+    run, note = load_train_state(tmp_path / "legacy.pt", resumed, global_batch_size=8, accumulation_steps=4, sample_count=20,
                                  identity="")
     assert "boundary" in note, note
     expect_equal("legacy resume point", (run.epoch, run.update_step_in_epoch, run.sample_position, run.global_step),
                  (0, 1, 8, 1))
     run.base_lr = 1e-3
-    run_text_training(resumed, dataset, run, global_batch_size=8, accum_steps=4, epochs=1, impl=ref)
+    run_text_training(resumed, dataset, run, global_batch_size=8, accumulation_steps=4, epochs=1, impl=ref)
     expect_tensors_close("parameters: legacy resume vs straight run", params_of(resumed.model),
                          params_of(straight.model), rtol=0.0, atol=0.0)
 
@@ -272,14 +275,14 @@ def test_resume_from_a_legacy_state_saved_at_the_epoch_end_starts_the_next_epoch
     save_checkpoint(tmp_path / "legacy.pt", model=first_epoch.model, optimizer=first_epoch.optimizer, scaler=None,
                     epoch=0, step=10, batch_size=2, accum_steps=4)
     resumed = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
-    run, note = load_train_state(tmp_path / "legacy.pt", resumed, global_batch_size=8, accum_steps=4,
+    run, note = load_train_state(tmp_path / "legacy.pt", resumed, global_batch_size=8, accumulation_steps=4,
                                  sample_count=20, identity="")
     expect_equal("legacy epoch-end resume point: (epoch, update_step_in_epoch, sample_position, global_step, "
                  "optimizer_step)", (run.epoch, run.update_step_in_epoch, run.sample_position, run.global_step,
                                      resumed.optimizer_step), (1, 0, 0, 3, 3))
     assert "start of the next epoch" in note, note
     run.base_lr = 1e-3
-    run_text_training(resumed, dataset, run, global_batch_size=8, accum_steps=4, epochs=2, impl=ref)
+    run_text_training(resumed, dataset, run, global_batch_size=8, accumulation_steps=4, epochs=2, impl=ref)
     expect_tensors_close("parameters: legacy epoch-end resume vs straight 2-epoch run (bitwise, same process)",
                          params_of(resumed.model), params_of(straight.model), rtol=0.0, atol=0.0)
 
@@ -291,7 +294,7 @@ def test_restore_rejects_a_legacy_state_of_another_sample_count(tmp_path):
     fresh = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
     params_before = params_of(fresh.model)
     with pytest.raises(ValueError, match="sample_count of the checkpoint is 24, this run reads 20"):
-        load_train_state(tmp_path / "legacy.pt", fresh, global_batch_size=8, accum_steps=4, sample_count=20,
+        load_train_state(tmp_path / "legacy.pt", fresh, global_batch_size=8, accumulation_steps=4, sample_count=20,
                          identity="")
     expect_tensors_close("parameters after a refused resume vs before it", params_of(fresh.model), params_before,
                          rtol=0.0, atol=0.0)
@@ -301,38 +304,38 @@ def test_restore_rejects_a_legacy_state_of_another_sample_count(tmp_path):
 def test_restore_rejects_a_different_run_and_leaves_the_session_untouched(tmp_path, mismatch):
     session, run, _ = drive(small_dataset(20), epochs=1, max_steps=1)
     run.dataset_identity = "tiny corpus, 20 samples"
-    path = save_train_state(tmp_path / "s.pt", session, run, global_batch_size=8, accum_steps=4)
+    path = save_train_state(tmp_path / "s.pt", session, run, global_batch_size=8, accumulation_steps=4)
     fresh = new_session(ref, 4, optimizer_cls=torch.optim.AdamW)
     params_before = {name: value.clone() for name, value in params_of(fresh.model).items()}
     asked = {"global_batch_size": 4 if mismatch == "global_batch_size" else 8,
              "identity": "another corpus" if mismatch == "dataset_identity" else run.dataset_identity}
     with pytest.raises(ValueError, match=mismatch):
-        load_train_state(path, fresh, accum_steps=4, sample_count=20, **asked)
+        load_train_state(path, fresh, accumulation_steps=4, sample_count=20, **asked)
     expect_tensors_close("parameters after a refused resume vs before it", params_of(fresh.model), params_before,
                          rtol=0.0, atol=0.0)
     expect_equal("AdamW state after a refused resume", fresh.optimizer.state_dict()["state"], {})
 
 
-TRAINER_ARGS = ["--batch-size", "8", "--accum-steps", "4", "--hidden-size", "32", "--num-hidden-layers", "1",
-                "--max-seq-len", "16", "--no-progress", "--log-interval", "1"]
+TRAINER_ARGS = ["--impl", "reference", "--global-batch-size", "8", "--accumulation-steps", "4", "--hidden-size", "32",
+                "--num-hidden-layers", "1", "--max-seq-len", "16", "--no-progress", "--log-interval", "1"]
 
 
 def test_trainer_script_saves_and_resumes_own_and_legacy(tmp_path, capsys):
     args = TRAINER_ARGS + ["--save-dir", str(tmp_path)]
-    first = train_text.main(args + ["--max-steps", "2"])
+    first = session_text.main(args + ["--max-steps", "2"])
     out = capsys.readouterr().out
     assert "Epoch:[1/1](2/20), loss:" in out, out
     expect_equal("first run: global steps", [r["global_step"] for r in first], [1, 2])
     state = torch.load(tmp_path / "train_state.pt", weights_only=True)
     expect_equal("saved semantics and position", (state["batch_size_semantics"], state["global_batch_size"],
                                                    state["global_step"]), ("global", 8, 2))
-    resumed = train_text.main(args + ["--max-steps", "3", "--resume", str(tmp_path / "train_state.pt")])
+    resumed = session_text.main(args + ["--max-steps", "3", "--resume", str(tmp_path / "train_state.pt")])
     expect_equal("resumed run: global steps", [r["global_step"] for r in resumed], [3])
     legacy = {"epoch": 0, "step": 5, "batch_size": 2, "accum_steps": 4, "model": state["model"],
               "optimizer": state["optimizer"], "scaler": state["scaler"], "world_size": 1}
     torch.save(legacy, tmp_path / "legacy.pt")
     capsys.readouterr()
-    from_legacy = train_text.main(args + ["--max-steps", "2", "--resume", str(tmp_path / "legacy.pt")])
+    from_legacy = session_text.main(args + ["--max-steps", "2", "--resume", str(tmp_path / "legacy.pt")])
     out = capsys.readouterr().out
     assert "legacy micro-batch semantics" in out and "update boundary" in out, out
     expect_equal("legacy resume: global steps", [r["global_step"] for r in from_legacy], [2])
@@ -346,8 +349,8 @@ def test_trainer_resumes_a_lesson15_stage_assembly_checkpoint(tmp_path, capsys):
                        "--accumulation_steps", "4",
                        "--save_interval", "8", "--stop_after", "8", "--out_dir", str(tmp_path)] + model_args) == 0
     capsys.readouterr()
-    records = train_text.main([a.replace("_", "-") for a in model_args] + [
-        "--batch-size", "32", "--accum-steps", "4", "--max-steps", "3", "--no-progress", "--log-interval", "1",
+    records = session_text.main([a.replace("_", "-") for a in model_args] + [
+        "--impl", "reference", "--global-batch-size", "32", "--accumulation-steps", "4", "--max-steps", "3", "--no-progress", "--log-interval", "1",
         "--save-dir", str(tmp_path), "--resume", str(tmp_path / "pretrain_32_resume.pth")])
     out = capsys.readouterr().out
     assert "legacy micro-batch semantics" in out and "resumed at update 2 of epoch 0" in out, out
@@ -370,8 +373,9 @@ def test_trainer_resumes_a_stage_assembly_epoch_end_at_the_next_epoch(tmp_path, 
     saved = torch.load(tmp_path / "pretrain_32_resume.pth", weights_only=True)
     expect_equal("stage assembly's epoch-end checkpoint: (epoch, step)", (saved["epoch"], saved["step"]), (0, 27))
     capsys.readouterr()
-    records = train_text.main([a.replace("_", "-") for a in model_args] + [
-        "--batch-size", "24", "--accum-steps", "4", "--epochs", "2", "--max-steps", "8", "--no-progress",
+    records = session_text.main([a.replace("_", "-") for a in model_args] + [
+        "--impl", "reference", "--global-batch-size", "24", "--accumulation-steps", "4", "--epochs", "2",
+        "--max-steps", "8", "--no-progress",
         "--log-interval", "1", "--save-dir", str(tmp_path), "--resume", str(tmp_path / "pretrain_32_resume.pth")])
     out = capsys.readouterr().out
     assert "resumed at update 0 of epoch 1" in out, out
@@ -379,11 +383,41 @@ def test_trainer_resumes_a_stage_assembly_epoch_end_at_the_next_epoch(tmp_path, 
                  [(r["epoch"], r["update_step"], r["samples"]) for r in records], [(1, 1, 24)])
 
 
-def test_trainer_rejects_a_global_batch_not_divisible_by_accum(capsys):
+def test_trainer_rejects_a_global_batch_not_divisible_by_accumulation_steps(capsys):
     with pytest.raises(SystemExit) as exc:
-        train_text.main(["--batch-size", "8", "--accum-steps", "3"])
+        session_text.main(["--global-batch-size", "8", "--accumulation-steps", "3"])
     assert exc.value.code == 2
-    assert "--batch-size (8)" in capsys.readouterr().err
+    assert "--global-batch-size (8)" in capsys.readouterr().err
+
+
+def test_trainer_runs_the_implementation_of_impl_dir(tmp_path, capsys):
+    """--impl-dir: a copy of the reference trains exactly like --impl reference."""
+    submission = shutil.copytree(REFERENCE_DIR, tmp_path / "submission", ignore=shutil.ignore_patterns("__pycache__"))
+    one_update = ["--max-steps", "1"]
+    expected = session_text.main(TRAINER_ARGS + one_update + ["--save-dir", str(tmp_path / "reference")])
+    actual = session_text.main(TRAINER_ARGS + one_update + ["--impl-dir", str(submission),
+                                                             "--save-dir", str(tmp_path / "dir")])
+    assert f"TrainingSession from {submission}" in capsys.readouterr().out
+    expect_equal("--impl-dir copy of the reference: update records", actual, expected)
+    assert (tmp_path / "dir" / "train_state.pt").is_file()
+
+
+def test_trainer_on_untouched_stubs_prints_one_todo_line_and_exits_1(tmp_path, capsys):
+    stubs = untouched_impl(tmp_path / "impl")
+    with pytest.raises(SystemExit) as exc:
+        session_text.main(["--impl-dir", str(stubs), "--save-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1, err
+    assert err.count("\n") == 1 and "lesson 16 §4.3" in err and "train_session.py" in err \
+        and "`python -m course check 16`" in err, err
+    assert not (tmp_path / "out").exists(), "a TODO run must not write a training state"
+
+
+def test_trainer_refuses_a_missing_impl_dir_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        session_text.main(["--impl-dir", str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--impl-dir" in err, err
 
 
 # --- mixed precision ----------------------------------------------------------------------
@@ -420,7 +454,7 @@ def test_grad_scaler_overflow_keeps_the_scale_during_accumulation():
 
 @pytest.mark.ddp
 def test_ddp_gradients_equal_the_single_process_global_batch():
-    from course.lesson16_runtime.ddp import spawn_ddp_update
+    from course.trainers.session_ddp import spawn_ddp_update
     ranks = spawn_ddp_update(2)
     expected, _, _ = global_batch_gradients(masked_micro_batches())
     for rank, result in enumerate(ranks):
@@ -453,7 +487,7 @@ def test_gloo_process_group_frees_ddp_objects_before_teardown():
 
 
 def run_trainer(tmp_path, capsys, *flags) -> tuple[list[float], dict]:
-    records = train_text.main(TRAINER_ARGS + ["--max-steps", "3", "--save-dir", str(tmp_path / "_".join(flags))]
+    records = session_text.main(TRAINER_ARGS + ["--max-steps", "3", "--save-dir", str(tmp_path / "_".join(flags))]
                               + list(flags))
     capsys.readouterr()
     state = torch.load(tmp_path / "_".join(flags) / "train_state.pt", weights_only=True)
@@ -487,7 +521,7 @@ def test_trainer_dtype_flag_autocasts_and_scales_fp16_only(tmp_path, capsys, dty
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the error is for machines without CUDA")
 def test_trainer_device_cuda_without_cuda_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        train_text.main(TRAINER_ARGS + ["--device", "cuda"])
+        session_text.main(TRAINER_ARGS + ["--device", "cuda"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--device cuda" in err, f"exit {exit_info.value.code}:\n{err}"
 

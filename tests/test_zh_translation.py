@@ -143,7 +143,7 @@ naive loss / K:  (2 + 4) / 2              = 3.0   (B's single token counts as mu
 ```
 
 ```text
-run driver (course/lesson16_runtime/driver.py)           TrainingSession (your exercise)
+run driver (course/protocol/driver.py)           TrainingSession (your exercise)
 take global_batch_size shuffled samples
 split into micro-batches                    ->  train_step(batch, options, step_fn) per micro-batch:
 ```

@@ -17,8 +17,8 @@ from contextlib import nullcontext
 
 import torch
 
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
-from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
+from course.protocol.text import shifted_target_count, token_nll_sum
+from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.minimind import IGNORE_INDEX
 from course.reference.train_loop import should_step_optimizer
@@ -35,24 +35,24 @@ def count_loss_units(labels: torch.Tensor) -> int:
     return int((labels[..., 1:] != IGNORE_INDEX).sum())
 
 
-def split_global_batch(samples, global_batch_size: int, grad_accum_steps: int) -> list[list]:
-    """Micro-batches of ``global_batch_size // grad_accum_steps`` samples, in order.
+def split_global_batch(samples, global_batch_size: int, accumulation_steps: int) -> list[list]:
+    """Micro-batches of ``global_batch_size // accumulation_steps`` samples, in order.
 
     A short final global batch (fewer samples than ``global_batch_size``) is split over what
     remains, so its last micro-batch may be smaller and there may be fewer micro-batches.
     """
     if global_batch_size <= 0:
         raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
-    if grad_accum_steps <= 0:
-        raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
-    if global_batch_size % grad_accum_steps:
-        raise ValueError(f"global_batch_size ({global_batch_size}) must be divisible by grad_accum_steps "
-                         f"({grad_accum_steps}): micro-batch size would be "
-                         f"{global_batch_size / grad_accum_steps:g}")
+    if accumulation_steps <= 0:
+        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    if global_batch_size % accumulation_steps:
+        raise ValueError(f"global_batch_size ({global_batch_size}) must be divisible by accumulation_steps "
+                         f"({accumulation_steps}): micro-batch size would be "
+                         f"{global_batch_size / accumulation_steps:g}")
     samples = list(samples)
     if not 1 <= len(samples) <= global_batch_size:
         raise ValueError(f"samples must hold 1..global_batch_size={global_batch_size} items, got {len(samples)}")
-    micro = global_batch_size // grad_accum_steps
+    micro = global_batch_size // accumulation_steps
     return [samples[i:i + micro] for i in range(0, len(samples), micro)]
 
 
@@ -68,9 +68,9 @@ def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
 class TrainingSession:
     """Owns model + optimizer (+ scaler, autocast) and executes one parameter update in K calls."""
 
-    def __init__(self, model, optimizer, *, grad_accum_steps: int, scaler=None, autocast=None):
-        if grad_accum_steps <= 0:
-            raise ValueError(f"grad_accum_steps must be >= 1, got {grad_accum_steps}")
+    def __init__(self, model, optimizer, *, accumulation_steps: int, scaler=None, autocast=None):
+        if accumulation_steps <= 0:
+            raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
         # Python's counterpart of "moving keeps optimizer references valid": the optimizer must
         # hold the model's own Parameter objects (a deepcopy or a rebuilt model would orphan it).
         own = {id(p) for p in model.parameters()}
@@ -79,7 +79,7 @@ class TrainingSession:
             raise ValueError(f"optimizer holds {foreign} tensors that are not parameters of model "
                              "(built on a copy?); build the optimizer from model.parameters()")
         self.model, self.optimizer = model, optimizer
-        self.grad_accum_steps = grad_accum_steps
+        self.accumulation_steps = accumulation_steps
         device_type = next(model.parameters()).device.type
         self.scaler = scaler if scaler is not None else torch.amp.GradScaler(device_type, enabled=False)
         self.autocast = autocast if autocast is not None else nullcontext()
@@ -137,7 +137,7 @@ class TrainingSession:
             for group in self.optimizer.param_groups:
                 group["lr"] = options.lr
         closes_update = options.force_update or should_step_optimizer(self.microsteps_accumulated + 1,
-                                                                      self.grad_accum_steps)
+                                                                      self.accumulation_steps)
         # Under DDP only the update's last backward all-reduces (no_sync skips communication).
         no_sync = getattr(self.model, "no_sync", None)
         sync_ctx = no_sync() if no_sync is not None and not closes_update else nullcontext()
@@ -185,6 +185,7 @@ class TrainingSession:
 
 # Legacy keys a state may lack, and what their absence means (lesson 16 §5.4). ``batch_size`` and
 # ``sample_count`` have no default: without them the global batch and the epoch's end are unknown.
+# ``accum_steps`` (K) is the key lesson 15's checkpoints write; the code calls K accumulation_steps.
 LEGACY_DEFAULTS = {"epoch": 0, "step": 0, "accum_steps": 1}
 
 

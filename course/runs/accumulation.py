@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
+from course.protocol.text import shifted_target_count, token_nll_sum
 
 
 def accumulate_gradients(model, micro_batches, accumulation_steps: int) -> None:

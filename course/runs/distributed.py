@@ -1,5 +1,5 @@
 """Joining and leaving a torch.distributed process group, shared by the stage assembly under torchrun
-(``impl/train_pretrain_impl.py``) and lesson 16's DDP demonstration (``course.lesson16_runtime.ddp``)."""
+(``impl/train_pretrain_impl.py``) and lesson 16's DDP demonstration (``course.trainers.session_ddp``)."""
 from __future__ import annotations
 
 import gc

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from course.lesson16_runtime.text import TextBatch, collate, shifted_target_count, token_nll_sum, token_weighted_step
-from course.lesson16_runtime.types import TrainingStepOptions, TrainingStepReport
+from course.protocol.text import TextBatch, collate, shifted_target_count, token_nll_sum, token_weighted_step
+from course.protocol.types import TrainingStepOptions, TrainingStepReport
 
 from .eager import eager
 from .loop import LoopScenario, tiny_batches, tiny_model
@@ -54,7 +54,7 @@ def new_session(impl, k: int, *, optimizer_cls=torch.optim.SGD, two_param_groups
     groups = ([{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1],
                                                                "lr": 0.05}] if two_param_groups else params)
     optimizer = eager(optimizer_cls)(groups, lr=0.1)
-    return impl.TrainingSession(model, optimizer, grad_accum_steps=k, **kwargs)
+    return impl.TrainingSession(model, optimizer, accumulation_steps=k, **kwargs)
 
 
 def params_of(model) -> dict:

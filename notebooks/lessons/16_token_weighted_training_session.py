@@ -19,7 +19,7 @@
 # Some test cells hold hidden tests that only run when the notebook is graded.
 #
 # The API types (`TrainingStepOutput`, `TrainingStepOptions`, `TrainingStepReport`,
-# `TrainingSessionState`, `AccumulationInvalidError`) come from `course/lesson16_runtime/types.py`. The last
+# `TrainingSessionState`, `AccumulationInvalidError`) come from `course/protocol/types.py`. The last
 # part trains with *your* session and draws the mean-of-means gap (also saved under `figures/`).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
@@ -33,9 +33,9 @@ import torch
 from course.checks.notebook import run_checks
 from course.experiments.figures import show_and_save
 from course.experiments.token_weighting import VARIANTS, compare, draw_comparison
-from course.lesson16_runtime.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
+from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
+from course.protocol.text import shifted_target_count, token_nll_sum
 from course.minimind import IGNORE_INDEX
 # Lesson 14's answer (the reference): whether micro-step s closes a window of K; use it if you like.
 from course.reference.train_loop import should_step_optimizer
@@ -56,7 +56,7 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 2 — a global batch in micro-batches (lesson 16 §4.2, semantics in §5.3)
 #
-# `--batch-size` is now the batch of one optimizer update; K micro-batches share it.
+# `--global-batch-size` is the batch of one optimizer update; K micro-batches share it.
 
 # %%
 # exercise: split_global_batch

@@ -55,7 +55,7 @@ def split_global_batch_micro_sizes(impl):
              ((list(range(6)), 6, 6), [[0], [1], [2], [3], [4], [5]])]
     for (samples, global_batch, accum), expected in cases:
         got = [list(m) for m in impl.split_global_batch(samples, global_batch, accum)]
-        expect_equal(f"split_global_batch({samples}, global_batch_size={global_batch}, grad_accum_steps={accum})",
+        expect_equal(f"split_global_batch({samples}, global_batch_size={global_batch}, accumulation_steps={accum})",
                      got, expected)
 
 
@@ -63,11 +63,11 @@ def split_global_batch_micro_sizes(impl):
 def split_global_batch_fails_fast(impl):
     """global % accum != 0, sizes < 1, empty or oversized sample lists raise ValueError naming the argument."""
     expect_raises("split_global_batch(8 samples, 8, 3)", lambda: impl.split_global_batch(list(range(8)), 8, 3),
-                  ValueError, "grad_accum_steps")
+                  ValueError, "accumulation_steps")
     expect_raises("split_global_batch(.., 0, 1)", lambda: impl.split_global_batch([1], 0, 1), ValueError,
                   "global_batch_size")
     expect_raises("split_global_batch(.., 4, 0)", lambda: impl.split_global_batch([1], 4, 0), ValueError,
-                  "grad_accum_steps")
+                  "accumulation_steps")
     expect_raises("split_global_batch([], 4, 2)", lambda: impl.split_global_batch([], 4, 2), ValueError, "samples")
     expect_raises("split_global_batch(9 samples, 8, 4)", lambda: impl.split_global_batch(list(range(9)), 8, 4),
                   ValueError, "samples")

@@ -1,7 +1,7 @@
 """Lesson 16 checks of ``migrate_train_state``: legacy (micro-batch) states to global semantics."""
 from __future__ import annotations
 
-from course.lesson16_runtime.types import GLOBAL_SEMANTICS
+from course.protocol.types import GLOBAL_SEMANTICS
 
 from ..framework import check, expect_equal, expect_raises, fail
 

@@ -20,7 +20,7 @@ from .test_writing import token_weighted_test_passes_correct_and_fails_wrong
 MISTAKES = [
     mistake('loss_over_k', 'backpropagates loss / K (mean of micro-batch means) instead of unit weighting',
         "TrainingSession._train_step", 'weight = output.gradient_units / options.normalization_units',
-        'weight = 1 / self.grad_accum_steps',
+        'weight = 1 / self.accumulation_steps',
         session_global_normalization_matches_one_backward),
     mistake('counts_unshifted_labels', 'counts labels != -100 without the shift: one target too many per row',
         "count_loss_units", 'return int((labels[..., 1:] != IGNORE_INDEX).sum())',

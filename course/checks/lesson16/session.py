@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from course.lesson16_runtime.text import token_weighted_step
-from course.lesson16_runtime.types import AccumulationInvalidError, TrainingStepOptions
+from course.protocol.text import token_weighted_step
+from course.protocol.types import AccumulationInvalidError, TrainingStepOptions
 from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches,
                          new_session, params_of, run_update, tiny_model)
 
@@ -116,7 +116,8 @@ def session_rejects_zero_normalization_units(impl):
     expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
                          rtol=0.0, atol=0.0)
     expect_equal("optimizer_step after a rejected update", session.optimizer_step, 0)
-    expect_raises("TrainingSession(grad_accum_steps=0)", lambda: new_session(impl, 0), ValueError, "grad_accum_steps")
+    expect_raises("TrainingSession(accumulation_steps=0)", lambda: new_session(impl, 0), ValueError,
+                  "accumulation_steps")
 
 
 @check("TrainingSession", hidden=True)
@@ -126,7 +127,7 @@ def session_rejects_an_optimizer_on_other_tensors(impl):
     model = tiny_model(SESSION_SCENARIO)
     orphan_optimizer = torch.optim.SGD(tiny_model(SESSION_SCENARIO).parameters(), lr=0.1)
     expect_raises("TrainingSession(model, optimizer over another model's parameters)",
-                  lambda: impl.TrainingSession(model, orphan_optimizer, grad_accum_steps=2), ValueError, "optimizer")
+                  lambda: impl.TrainingSession(model, orphan_optimizer, accumulation_steps=2), ValueError, "optimizer")
 
 
 @check("TrainingSession", hidden=True)

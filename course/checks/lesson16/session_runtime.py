@@ -6,9 +6,9 @@ import contextlib
 
 import torch
 
-from course.lesson16_runtime.driver import run_text_training
-from course.lesson16_runtime.text import token_weighted_step
-from course.lesson16_runtime.types import TrainingRunState, TrainingStepOptions
+from course.protocol.driver import run_text_training
+from course.protocol.text import token_weighted_step
+from course.protocol.types import TrainingRunState, TrainingStepOptions
 from course.runs import (SESSION_SCENARIO, global_batch_gradients, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches, tiny_model)
 
@@ -69,7 +69,7 @@ def session_uses_no_sync_before_the_last_microstep(impl):
             self.forward_log.append(self.in_no_sync)
             return self.inner(input_ids, labels=labels)
     model = SyncRecorder(tiny_model(SESSION_SCENARIO))
-    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=4)
+    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4)
     run_update(session, masked_micro_batches()[:3])
     expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
                  model.forward_log, [True, True, False])
@@ -138,7 +138,7 @@ def session_drives_the_text_run(impl):
     dataset = list(zip(input_ids, labels))
     for max_steps, expected in [(0, [(8, 4), (8, 4), (4, 2)]), (2, [(8, 4), (8, 4)])]:
         session = new_session(impl, 4)
-        records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accum_steps=4,
+        records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accumulation_steps=4,
                                     epochs=1, max_steps=max_steps, impl=impl)
         expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
                      [(r["samples"], r["microsteps"]) for r in records], expected)

@@ -2,7 +2,7 @@
 the correct token weighting and fail each wrong one below."""
 from __future__ import annotations
 
-from course.lesson16_runtime.text import shifted_target_count, token_nll_sum
+from course.protocol.text import shifted_target_count, token_nll_sum
 from course.runs import accumulate_token_weighted, in_float64
 
 from ..framework import check

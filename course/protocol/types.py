@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-GLOBAL_SEMANTICS = "global"   # --batch-size is the batch of one optimizer update
+GLOBAL_SEMANTICS = "global"   # the batch size is the batch of one optimizer update (--global-batch-size)
 
 
 class AccumulationInvalidError(RuntimeError):

@@ -28,7 +28,7 @@ from course.reference.train_session import TrainingSession
 from course.runs import SESSION_SCENARIO, grads_of, masked_micro_batches, run_update, tiny_model
 from course.runs.distributed import free_port, process_group
 
-from .text import naive_mean_step, token_weighted_step
+from course.protocol.text import naive_mean_step, token_weighted_step
 
 def all_reduce_units(local_units: int) -> int:
     """The update's unit count over all ranks: one all-reduce per update, never per micro-step."""
@@ -60,7 +60,7 @@ def ddp_update_gradients(rank: int, world_size: int) -> dict[str, dict[str, torc
     results = {}
     for name, (units, step_fn) in setups.items():
         model = DistributedDataParallel(tiny_model(SESSION_SCENARIO))   # same seed on every rank
-        session = TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_accum_steps=len(mine))
+        session = TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=len(mine))
         captured: dict = {}
 
         def capture(model=model, captured=captured):

@@ -61,7 +61,7 @@ class LossReadback:
         return values
 
 
-def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_size: int, accum_steps: int,
+def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_size: int, accumulation_steps: int,
                       epochs: int, grad_clip: float = 1.0, max_steps: int = 0, save_interval: int = 0,
                       save_fn: Optional[Callable[[TrainingRunState], None]] = None, log_interval: int = 0,
                       log_fn: Optional[Callable[[dict], None]] = None, readback: Optional[LossReadback] = None,
@@ -91,7 +91,7 @@ def run_text_training(session, dataset, run: TrainingRunState, *, global_batch_s
             start = run.update_step_in_epoch * global_batch_size
             samples = [dataset[i] for i in order[start:start + global_batch_size]]
             micro_batches = [collate(m, impl.count_loss_units, pin_memory=pinned)
-                             for m in impl.split_global_batch(samples, global_batch_size, accum_steps)]
+                             for m in impl.split_global_batch(samples, global_batch_size, accumulation_steps)]
             units = sum(b.loss_units for b in micro_batches)
             lr = get_lr(run.global_step + 1, run.total_steps, run.base_lr)
             for i, batch in enumerate(micro_batches):

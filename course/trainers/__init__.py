@@ -1,0 +1,7 @@
+"""Command-line trainers and what only they need (the top layer, beside the CLI).
+
+* ``session_text``        - lesson 16's text trainer on the single-step protocol:
+                            ``python -m course.trainers.session_text --impl reference``
+* ``session_train_state`` - save / resume its training state as a lesson-15 checkpoint (legacy states migrated).
+* ``session_ddp``         - lesson 16's session under DistributedDataParallel (gloo on CPU).
+"""
