@@ -1,0 +1,1 @@
+"""Trainers: the pieces a training script assembles (data split, evaluation, logging, DDP helpers)."""
