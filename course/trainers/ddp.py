@@ -47,3 +47,12 @@ def check_ranks_agree(model, epoch: int, step: int) -> None:
                            f"spread of a parameter sum: {float((high - low).max()):.3e}). An optimizer step ran on "
                            "gradients that were not all-reduced: does train_one_epoch step exactly where "
                            "should_step_optimizer and should_flush_tail say?")
+
+
+def mean_over_ranks(closed: list[tuple[dict, float, float]], device) -> list[tuple[dict, float, float]]:
+    """closed_updates' (record, loss, aux_loss) with each loss averaged over the ranks: the update's loss over
+    the whole global batch, not this rank's share of it (one all-reduce)."""
+    sums = sum_over_ranks([value for _, loss, aux_loss in closed for value in (loss, aux_loss)], device)
+    world_size = dist.get_world_size()
+    return [(record, loss / world_size, aux_loss / world_size)
+            for (record, _, _), loss, aux_loss in zip(closed, sums[::2], sums[1::2])]
