@@ -26,6 +26,7 @@ LAYERS = {
     "course.lesson16_runtime.train_state": 3,
     "course.lesson16_runtime.train_text": 3,
     "course.lesson16_runtime.ddp": 3,
+    "course.trainers": 3,
     "course.cli": 3,
     "course.scaffold": 3,
     "course.__main__": 3,
