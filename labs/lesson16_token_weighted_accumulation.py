@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = Setup()
     parser.add_argument("--updates", type=int, default=defaults.updates)
     parser.add_argument("--global-batch", type=int, default=defaults.global_batch)
-    parser.add_argument("--accum-steps", type=int, default=defaults.accum_steps)
+    # lesson 16's scripts spell their flags with dashes; the value is Setup's accumulation_steps
+    parser.add_argument("--accum-steps", dest="accumulation_steps", type=int, default=defaults.accumulation_steps)
     parser.add_argument("--max-seq-len", type=int, default=defaults.max_seq_len)
     parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
     parser.add_argument("--num-hidden-layers", type=int, default=defaults.num_hidden_layers)
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
-    if args.updates < 1 or args.global_batch % args.accum_steps:
+    if args.updates < 1 or args.global_batch % args.accumulation_steps:
         raise SystemExit("--updates must be >= 1 and --global-batch divisible by --accum-steps")
     torch.set_num_threads(min(2, torch.get_num_threads()))
     setup = Setup(**{k: v for k, v in vars(args).items() if k != "out"})

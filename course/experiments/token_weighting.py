@@ -32,7 +32,7 @@ VARIANTS = ("full", "token_weighted", "naive")
 class Setup:
     updates: int = 10
     global_batch: int = 8
-    accum_steps: int = 4
+    accumulation_steps: int = 4
     max_seq_len: int = 64
     hidden_size: int = 64
     num_hidden_layers: int = 2
@@ -53,7 +53,7 @@ def global_batches(impl, dataset, setup) -> list[list]:
         indices = [order[(u * setup.global_batch + i) % len(order)] for i in range(setup.global_batch)]
         samples = sorted((dataset[i] for i in indices), key=lambda s: -impl.count_loss_units(s[1]))
         updates.append([collate(m, impl.count_loss_units)
-                        for m in impl.split_global_batch(samples, setup.global_batch, setup.accum_steps)])
+                        for m in impl.split_global_batch(samples, setup.global_batch, setup.accumulation_steps)])
     return updates
 
 
@@ -102,7 +102,7 @@ def compare(impl, setup: Setup = Setup()) -> dict:
     probe_model = MiniMindForCausalLM(config)
     start = flat(dict(models["full"].named_parameters())).detach()
     sessions = {v: impl.TrainingSession(m, torch.optim.AdamW(m.parameters(), lr=setup.lr),
-                                        grad_accum_steps=1 if v == "full" else setup.accum_steps)
+                                        grad_accum_steps=1 if v == "full" else setup.accumulation_steps)
                 for v, m in models.items()}
     history = {"units": [[b.loss_units for b in updates[0]]], "loss_gap": [], "cosine": {}, "max_diff": {},
                "drift": {v: [] for v in VARIANTS[1:]}}
