@@ -245,8 +245,8 @@ def describe(stage: Stage) -> str:
     validation = f" + {len(stage.val_set)} for validation" if len(stage.val_set) else ""
     processes = (f", {dist.get_world_size()} processes ({args.device}, {dist.get_backend()}) of "
                  f"{len(stage.sampler)} samples each" if stage.distributed else "")
-    return f"LLM params: {params:.3f} M, {len(stage.dataset)} samples{validation}{processes}, " \
-           f"train_one_epoch from {args.impl}"
+    return (f"LLM params: {params:.3f} M, {len(stage.dataset)} samples{validation}{processes}, "
+            f"train_one_epoch from {args.impl}")
 
 
 def resume(stage: Stage) -> tuple[int, int]:
