@@ -3,6 +3,7 @@
 PNG, greedy samples, and the built-in stories corpus. Short runs on a slice of the corpus with a high lr."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -132,3 +133,11 @@ def test_stories_corpus_is_what_its_generator_writes(tmp_path):
     assert proc.returncode == 0, proc.stderr
     committed = (REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl").read_bytes()
     assert out.read_bytes() == committed, "the committed corpus differs from the generator's output: rerun it"
+
+
+def test_the_stage_reads_top_to_bottom_in_short_functions():
+    """The stage file is the main flow; its helpers live in course/trainers (a train() of 173 lines failed this)."""
+    tree = ast.parse(STAGE_PATH.read_text(encoding="utf-8"))
+    long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60}
+    expect_equal("functions of impl/train_pretrain_impl.py over 60 lines", long, {})

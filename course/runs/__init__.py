@@ -6,6 +6,8 @@
 * ``distributed`` - ``process_group`` (join a torch.distributed group, free DDP objects before leaving) and
   ``free_port`` (the stage assembly under torchrun, lesson 16's DDP demonstration)
 * ``accumulation`` - correct accumulations that the test-writing exercises test (lessons 14 and 16)
+* ``update_plan`` - ``UpdatePlan``: which micro-step closes which update, the eval, save and stop points
+  (the stage assembly, lessons 14-15)
 
 Nothing here grades: comparisons and verdicts belong to ``course.checks``.
 """

@@ -1,5 +1,9 @@
 """Command-line trainers and what only they need (the top layer, beside the CLI).
 
+* ``pretrain``            - the stage assembly's pieces (impl/train_pretrain_impl.py): data split, throughput,
+                            validation loss, samples, loss curves, update logs.
+* ``ddp``                 - the stage assembly under torchrun: sync only on closing micro-steps, sums over ranks,
+                            the ranks-agree guard.
 * ``session_text``        - lesson 16's text trainer on the single-step protocol:
                             ``python -m course.trainers.session_text --impl reference``
 * ``session_train_state`` - save / resume its training state as a lesson-15 checkpoint (legacy states migrated).

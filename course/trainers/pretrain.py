@@ -1,0 +1,138 @@
+"""The stage assembly's reusable pieces (``impl/train_pretrain_impl.py``, lessons 14-15): the train/validation
+split, tokens/s, the validation loss, greedy samples, the loss figure, and the per-update train loss and log."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Subset
+
+from course.minimind import IGNORE_INDEX
+from course.minimind.trainer_utils import Logger
+from course.runs.update_plan import UpdatePlan
+
+
+def split(dataset, val_fraction: float):
+    """(train, validation) subsets: the validation set is the last ceil(val_fraction * N) lines."""
+    n_val = math.ceil(len(dataset) * val_fraction)
+    if n_val >= len(dataset):
+        raise ValueError(f"--val_fraction {val_fraction} leaves no training sample of {len(dataset)}")
+    n_train = len(dataset) - n_val
+    return Subset(dataset, range(n_train)), Subset(dataset, range(n_train, len(dataset)))
+
+
+class Throughput:
+    """Real (non-padding) target tokens over the seconds spent inside train_one_epoch."""
+
+    def __init__(self):
+        self.tokens, self.seconds, self.started = 0, 0.0, None
+
+    def start(self):
+        self.started = time.perf_counter()
+
+    def stop(self):
+        self.seconds += time.perf_counter() - self.started
+        self.started = None
+
+    def per_second(self) -> float:
+        running = time.perf_counter() - self.started if self.started is not None else 0.0
+        return self.tokens / max(self.seconds + running, 1e-9)
+
+
+def counted(batches, bar, throughput):
+    """Advance the progress bar (with tokens/s) as each micro-batch is fetched (a paused epoch still shows
+    where it is)."""
+    for batch in batches:
+        throughput.tokens += int((batch[1][:, 1:] != IGNORE_INDEX).sum())
+        bar.update(1)
+        bar.set_postfix_str(f"{throughput.per_second():,.0f} tok/s")
+        yield batch
+
+
+@torch.no_grad()
+def validation_loss(model, batches, device, autocast_ctx) -> float:
+    """Mean loss per real target token over the fixed validation batches, in eval mode."""
+    model.eval()
+    total, count = 0.0, 0
+    for input_ids, labels in batches:
+        input_ids, labels = input_ids.to(device), labels.to(device)
+        with autocast_ctx:
+            loss = model(input_ids, labels=labels).loss
+        targets = int((labels[:, 1:] != IGNORE_INDEX).sum())
+        total, count = total + float(loss) * targets, count + targets
+    model.train()
+    return total / count
+
+
+def decode(tokenizer, ids) -> str:
+    """The text of ids; an id the tokenizer cannot decode (an untrained model may pick one of the byte
+    tokenizer's unused ids) becomes U+FFFD."""
+    try:
+        return tokenizer.decode(ids)
+    except ValueError:
+        return "".join(decode(tokenizer, [token]) if len(ids) > 1 else "\ufffd" for token in ids)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device) -> str:
+    """The prompt and its greedy continuation (argmax at each position, no KV cache), up to max_new_tokens
+    or eos; the model sees at most the last max_seq_len tokens, the length it was trained on."""
+    model.eval()
+    ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
+    new = []
+    for _ in range(max_new_tokens):
+        context = torch.tensor([(ids + new)[-max_seq_len:]], device=device)
+        token = int(model(context).logits[0, -1].argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        new.append(token)
+    model.train()
+    return prompt + decode(tokenizer, new)
+
+
+def plot_losses(train_loss, val_loss, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    if train_loss:
+        ax.plot(*zip(*train_loss), label="train (mean over each update's micro-batches)")
+    if val_loss:
+        ax.plot(*zip(*val_loss), marker="o", label="validation")
+    ax.set_xlabel("optimizer update")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def closed_updates(records, pending: list) -> list[tuple[dict, float, float]]:
+    """(closing record, mean loss, mean aux_loss) over each closed update's micro-batches; ``pending`` carries
+    the (loss, aux_loss) of an update still open after the last record into the next call."""
+    closed = []
+    for r in records:
+        pending.append((r["loss"], r["aux_loss"]))
+        if r["update_closed"]:
+            closed.append((r, sum(p[0] for p in pending) / len(pending), sum(p[1] for p in pending) / len(pending)))
+            pending.clear()
+    return closed
+
+
+def log_updates(closed, plan: UpdatePlan, epoch: int, begin: int, log_interval: int, seconds: float,
+                micro_steps: int) -> None:
+    """MiniMind-style lines for the updates closed after micro-step ``begin``, where ``plan.log_due``; the loss
+    is the update's mean over its micro-batches, not the last micro-batch's. ``left_in_epoch`` is upstream's
+    ``epoch_time``, renamed for what it is: the minutes the epoch's remaining micro-steps should take at the
+    pace of the ``micro_steps`` run in ``seconds``."""
+    per_step = seconds / max(micro_steps, 1)
+    previous = begin
+    for r, loss, aux_loss in closed:
+        if plan.log_due(previous, r["step"], log_interval):
+            Logger(f"Epoch:[{epoch + 1}/{plan.epochs}]({r['step']}/{plan.iters}), loss: {loss:.4f}, "
+                   f"logits_loss: {loss - aux_loss:.4f}, aux_loss: {aux_loss:.4f}, "
+                   f"lr: {r['lr']:.8f}, left_in_epoch: {per_step * (plan.iters - r['step']) / 60:.1f}min")
+        previous = r["step"]
