@@ -7,6 +7,7 @@
     python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
     python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mistakes 14                  # the typical mistakes the checks catch
+    python -m course mutants 14                   # automatic mutants of the reference the checks miss
     python -m course syllabus                     # the README's syllabus table, from the descriptors
     python -m course release                      # regenerate every notebook's nbgrader source and release
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
@@ -22,6 +23,7 @@ from typing import Optional
 from .checks import LESSONS, get_lesson
 from .checks.assignments import NOTEBOOKS_DIR, release_all
 from .checks.framework import PASS, TODO, exercise_status, grade
+from .checks.mutants import analyse, score_line, status_of
 from .scaffold import new_lesson
 
 
@@ -147,6 +149,26 @@ def cmd_mistakes(args) -> int:
     return 0
 
 
+def cmd_mutants(args) -> int:
+    """Grade automatic mutants of the reference; list each survivor (a gap, or an equivalent to list)."""
+    lesson = get_lesson(args.lesson)
+    equivalents = lesson.equivalent_mutants
+
+    def report(result):
+        state = status_of(result, equivalents)
+        if state != "killed" or args.verbose:
+            where = result.killed_by or equivalents.get(result.mutant.key, "no check failed it")
+            print(f"{state.upper():<10} {result.mutant.key}  (line {result.mutant.line}: "
+                  f"{result.mutant.original_line})\n           {where}", flush=True)
+    try:
+        results = analyse(lesson, args.function, report)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(score_line(lesson.lesson_id, results, equivalents))
+    return 0 if all(status_of(r, equivalents) != "survived" for r in results) else 1
+
+
 def optional_note(lesson) -> str:
     """Extensions score no notebook points; the syllabus says how many a lesson has."""
     count = len(lesson.optional_exercises)
@@ -216,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     mistakes = sub.add_parser("mistakes", help="list the mistake catalogue of a lesson")
     mistakes.add_argument("lesson", choices=sorted(LESSONS))
     mistakes.set_defaults(func=cmd_mistakes)
+    mutants = sub.add_parser("mutants", help="grade automatic mutants of a lesson's reference (instructors; minutes)")
+    mutants.add_argument("lesson", choices=sorted(LESSONS))
+    mutants.add_argument("--function", default=None,
+                         help="only mutants of this reference function or class (default: every one)")
+    mutants.add_argument("--verbose", action="store_true", help="also print each killed mutant and its check")
+    mutants.set_defaults(func=cmd_mutants)
     syllabus = sub.add_parser("syllabus", help="print the README's syllabus table")
     syllabus.set_defaults(func=cmd_syllabus)
     release = sub.add_parser("release", help="rebuild the nbgrader source and student release of the notebooks")

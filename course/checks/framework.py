@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, load_implementation
 
@@ -78,6 +78,7 @@ class Lesson:
     checks: Sequence[Check] = ()        # checks_in(the lesson's check modules)
     mistakes: Sequence[Mistake] = ()    # wrong variants, each FAILS the check it names
     equivalents: Sequence[Mistake] = ()  # equivalent variants, each PASSES every check
+    equivalent_mutants: Mapping[str, str] = field(default_factory=dict)  # mutant key -> why no check can fail it
     labs: tuple[str, ...] = ()          # scripts under labs/
     notebook_mistake: str = ""          # a catalogued mistake only a hidden check catches (autograde test)
     report: Optional[Callable[[ModuleType], list[str]]] = None   # ``python -m course align`` lines
@@ -125,6 +126,7 @@ class Lesson:
             "descriptor": package / "__init__.py",
             "checks": package / "checks.py",
             "mistakes": package / "mistakes.py",
+            "equivalent mutants": package / "equivalent_mutants.py",
             "test": REPO_ROOT / "tests" / f"test_lesson{self.lesson_id}_{self.module}.py",
             "notebook": REPO_ROOT / "notebooks" / "lessons" / f"{self.name}.py",
             "notebook source": REPO_ROOT / "notebooks" / "source" / self.name / f"{self.name}.ipynb",

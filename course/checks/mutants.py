@@ -200,17 +200,27 @@ def _body_editor(qualified: str, holder_position: int, attribute: str, apply):
     return edit
 
 
+def _top_level_index(tree: ast.Module, qualified: str) -> int:
+    top = qualified.split(".")[0]
+    return next(i for i, node in enumerate(tree.body) if getattr(node, "name", None) == top)
+
+
 def mutants(source: str, function: Optional[str] = None) -> list[Mutant]:
-    """Every mutant of ``source`` (only of ``function`` and its methods when given) that still compiles."""
+    """Every mutant of ``source`` (only of ``function`` and its methods when given) that still compiles. Only
+    the edited top-level definition is rewritten (unparsed); the rest of the file stays as it is."""
     tree = ast.parse(source)
-    lines = source.splitlines()
+    lines = source.splitlines(keepends=True)
     found, occurrences = [], {}
     for qualified, line, rule, edit in _sites(tree, function):
-        module = copy.deepcopy(tree)
+        index = _top_level_index(tree, qualified)
+        original = tree.body[index]
+        module = ast.Module(body=list(tree.body), type_ignores=[])
+        module.body[index] = copy.deepcopy(original)
         edit(module)
-        ast.fix_missing_locations(module)
+        ast.fix_missing_locations(module.body[index])
+        first = min([original.lineno] + [d.lineno for d in getattr(original, "decorator_list", [])])
         try:
-            text = ast.unparse(module)
+            text = "".join(lines[:first - 1]) + ast.unparse(module.body[index]) + "\n" + "".join(lines[original.end_lineno:])
             compile(text, "<mutant>", "exec")
         except (SyntaxError, ValueError, TypeError):
             continue
@@ -270,6 +280,9 @@ def grade_mutant(lesson: Lesson, mutant: Mutant, exercises: list[str]) -> Mutant
 def analyse(lesson: Lesson, function: Optional[str] = None, progress=None) -> list[MutantResult]:
     """Grade every mutant of the lesson's reference; ``progress(result)`` after each one."""
     source = lesson.files()["reference"].read_text(encoding="utf-8")
+    known = [name for name, _ in _functions(ast.parse(source))]
+    if function is not None and not any(k == function or k.startswith(function + ".") for k in known):
+        raise ValueError(f"--function must be a function or class of {lesson.module_file}: {known}, got {function!r}")
     results = []
     for mutant in mutants(source, function):
         result = grade_mutant(lesson, mutant, exercise_of(lesson, source, mutant.function))

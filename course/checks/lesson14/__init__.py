@@ -6,7 +6,7 @@ student's test, ``extensions`` the optional §10), the mistake catalogue in ``mi
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, extensions, loop, mistakes, test_writing
+from . import checks, equivalent_mutants, extensions, loop, mistakes, test_writing
 
 LESSON = Lesson(
     lesson_id="14",
@@ -30,6 +30,7 @@ LESSON = Lesson(
     checks=checks_in(checks, loop, test_writing, extensions),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
+    equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
     labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "lesson14_predictions.py",
           "bench_lesson14_grader.py", "bench_lesson14_streaming.py", "lesson14_fix_upstream.py"),
     notebook_mistake="clip_before_unscale",

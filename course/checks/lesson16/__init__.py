@@ -7,7 +7,7 @@ catalogue in ``mistakes``.
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, migration, mistakes, session, session_runtime, test_writing
+from . import checks, equivalent_mutants, migration, mistakes, session, session_runtime, test_writing
 
 LESSON = Lesson(
     lesson_id="16",
@@ -25,6 +25,7 @@ LESSON = Lesson(
     checks=checks_in(checks, session, session_runtime, migration, test_writing),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
+    equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
     labs=("lesson16_mean_of_means.py", "lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py",
           "bench_lesson16_session.py"),
     notebook_mistake="clip_before_unscale",

@@ -1,0 +1,96 @@
+"""The mutation analysis (``python -m course mutants NN``): its rules make the mutants they promise, leave
+message text alone, and its verdicts can go both ways (a check set that misses a rule lets mutants survive).
+The full analysis is an instructor command (minutes per lesson), not a test."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from course.checks import LESSONS, get_lesson
+from course.checks.mutants import analyse, mutants, score_line
+
+SAMPLE = '''
+def sample(values, limit):
+    """Docstring: 1 < 2 is never mutated."""
+    if limit <= 0:
+        raise ValueError(f"limit must be > 0, got {limit - 1}")
+    total = 0
+    total += values[0] * 2
+    flag = not values and limit > 3
+    try:
+        handle(values, limit)
+    except Exception:
+        pass
+    if flag:
+        return total
+    return total // limit
+'''
+
+
+def rules_at(source: str) -> set[tuple[int, str]]:
+    return {(m.line, m.rule) for m in mutants(source)}
+
+
+def test_every_rule_makes_its_mutant():
+    found = rules_at(SAMPLE)
+    expected = {
+        (4, "compare <= -> <"), (4, "constant 0 -> 1"), (4, "constant 0 -> -1"),
+        (6, "constant 0 -> 1"), (7, "arithmetic * -> /"), (7, "constant 2 -> 3"),
+        (8, "boolean and -> or"), (8, "boolean: not x -> x"), (8, "compare > -> >="),
+        (10, "call: first two arguments swapped"), (11, "except Exception -> ValueError"),
+        (13, "condition negated"), (15, "arithmetic // -> /"),
+        (6, "statement removed (Assign)"), (6, "statements swapped with the next one"), (5, "statement removed (Raise)"),
+    }
+    missing = sorted(expected - found)
+    assert not missing, f"rules that made no mutant: {missing}\nACTUAL: {sorted(found)}"
+
+
+def test_messages_and_docstrings_are_left_alone():
+    lines = {line for line, _ in rules_at(SAMPLE)}
+    assert 3 not in lines, "the docstring was mutated"
+    assert not any(line == 5 and not rule.startswith("statement") for line, rule in rules_at(SAMPLE)), \
+        "the text of a raised error was mutated"
+
+
+def test_each_mutant_differs_from_the_reference_in_one_function():
+    source = get_lesson("14").files()["reference"].read_text(encoding="utf-8")
+    found = mutants(source, "should_step_optimizer")
+    assert found and all(m.function == "should_step_optimizer" for m in found), [m.key for m in found]
+    assert all(m.source != source for m in found)
+    assert len({m.key for m in found}) == len(found), "mutant keys must be unique"
+
+
+def test_verdicts_go_both_ways():
+    """The lesson's checks kill every mutant of should_step_optimizer; graded by the cosine_lr checks alone
+    (blind to it) they survive."""
+    lesson = get_lesson("14")
+    killed = analyse(lesson, "should_step_optimizer")
+    assert killed and all(r.killed_by for r in killed), [r.mutant.key for r in killed if not r.killed_by]
+    blind = dataclasses.replace(lesson, checks=[c for c in lesson.checks if c.exercise == "cosine_lr"],
+                                mistakes=(), equivalents=())
+    survived = analyse(blind, "should_step_optimizer")
+    assert [r.mutant.key for r in survived] == [r.mutant.key for r in killed]
+    assert not any(r.killed_by for r in survived), [r.killed_by for r in survived]
+    assert f"{len(survived)} survived" in score_line("14", survived, {}), score_line("14", survived, {})
+
+
+@pytest.mark.parametrize("lesson", sorted(LESSONS.values(), key=lambda l: l.lesson_id), ids=lambda l: l.lesson_id)
+def test_listed_equivalent_mutants_exist(lesson):
+    """Every key in a lesson's equivalent-mutant list names a mutant the rules still make (no stale entry)."""
+    source = lesson.files()["reference"].read_text(encoding="utf-8")
+    functions = {key.split("#")[0] for key in lesson.equivalent_mutants}
+    keys = {m.key for function in functions for m in mutants(source, function)}
+    stale = sorted(set(lesson.equivalent_mutants) - keys)
+    assert not stale, f"lesson {lesson.lesson_id}: equivalent mutants that no longer exist: {stale}"
+    assert all(reason.strip() for reason in lesson.equivalent_mutants.values()), "each needs a one-line reason"
+
+
+def test_command_prints_the_score_and_refuses_an_unknown_function(capsys):
+    from course.cli import main
+    assert main(["mutants", "14", "--function", "should_step_optimizer"]) == 0
+    out = capsys.readouterr().out
+    assert "survived: score 100.0 %" in out and "0 survived" in out, out
+    assert main(["mutants", "14", "--function", "no_such_function"]) == 2
+    err = capsys.readouterr().err
+    assert "--function must be a function or class of train_loop.py" in err and "cosine_lr" in err, err
