@@ -8,6 +8,7 @@ ACTUAL vs EXPECTED message when the implementation is wrong. A stub that still r
 from __future__ import annotations
 
 import math
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -254,8 +255,16 @@ def expect_tensors_close(what: str, actual: dict, expected: dict, *, rtol: float
         expect_tensor_close(f"{what}: {name}", actual[name], want, rtol=rtol, atol=atol)
 
 
-def expect_raises(what: str, fn, exc_type, must_mention: str) -> None:
-    """``fn()`` must raise ``exc_type`` whose message names ``must_mention`` (the bad argument)."""
+def first_named(message: str, arguments) -> Optional[str]:
+    """The argument of ``arguments`` that ``message`` names first (as a whole word), or None."""
+    found = [(m.start(), name) for name in arguments for m in [re.search(rf"\b{re.escape(name)}\b", message)] if m]
+    return min(found)[1] if found else None
+
+
+def expect_raises(what: str, fn, exc_type, must_mention: str, arguments=()) -> None:
+    """``fn()`` must raise ``exc_type`` whose message names ``must_mention`` (the bad argument); given the
+    call's ``arguments`` (parameter names), the bad one must be the first the message names, so an error
+    raised later by a check of another argument (``step must be in [1, iters=0]``) does not pass for it."""
     try:
         fn()
     except NotImplementedError:
@@ -263,6 +272,11 @@ def expect_raises(what: str, fn, exc_type, must_mention: str) -> None:
     except exc_type as exc:
         if must_mention not in str(exc):
             fail(f"{what}: the error message should name {must_mention!r}", str(exc), f"...{must_mention}...")
+        first = first_named(str(exc), arguments)
+        if arguments and first != must_mention:
+            fail(f"{what}: the error should be about {must_mention!r}, the bad argument, but names {first!r} first",
+                 str(exc), f"{must_mention} must ...",
+                 f"hint: check {must_mention} itself, before the arguments that depend on it")
         return
     except Exception as exc:  # wrong type of error
         fail(what, f"{type(exc).__name__}: {exc}", f"{exc_type.__name__} naming {must_mention!r}")
