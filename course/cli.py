@@ -22,6 +22,7 @@ from typing import Optional
 from .checks import LESSONS, get_lesson
 from .checks.assignments import NOTEBOOKS_DIR, release_all
 from .checks.framework import PASS, TODO, exercise_status, grade
+from .implementations import REPO_ROOT
 from .scaffold import new_lesson
 
 
@@ -72,7 +73,7 @@ def _counts(rows: list[dict], passed: int, total: int) -> str:
     return f"{passed}/{total} passed, {len(rows) - passed - todo} failed, {todo} TODO"
 
 
-def print_table(report: dict, lesson_file: str) -> None:
+def print_table(report: dict, lesson_text: str) -> None:
     print(f"Lesson {report['lesson']} - {report['impl']}")
     if "import_error" in report:
         print(f"  cannot import the implementation: {report['import_error']}")
@@ -86,7 +87,7 @@ def print_table(report: dict, lesson_file: str) -> None:
                 print(f"      {line}")
     core = [e for e in report["exercises"] if not e["optional"]]
     print(f"  total: {_counts(core, report['passed'], report['total'])}"
-          f"  (lesson text: course/lessons/{lesson_file})")
+          f"  (lesson text: {lesson_text})")
     optional = report["optional"]
     if optional["total"] and optional["graded"]:
         rows = [e for e in report["exercises"] if e["optional"]]
@@ -109,7 +110,7 @@ def cmd_check(args) -> int:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, ensure_ascii=False))
     else:
         for report in reports:
-            print_table(report, get_lesson(args.lesson).lesson_file)
+            print_table(report, relative(get_lesson(args.lesson).files()["lesson text (en)"]))
     return 0 if all(r["passed"] == r["total"] for r in reports) else 1
 
 
@@ -153,16 +154,21 @@ def optional_note(lesson) -> str:
     return f" (+{count} optional, 0 points)" if count else ""
 
 
+def relative(path: Path) -> str:
+    """A path of ``Lesson.files()`` as the docs write it: relative to the repository root."""
+    return path.relative_to(REPO_ROOT).as_posix()
+
+
 def syllabus_table() -> str:
     """The README's syllabus table: one row per lesson, every cell from its descriptor."""
     rows = ["| lesson | title | text | your file | check | tests | labs | notebook points |",
             "|---|---|---|---|---|---|---|---|"]
     for lesson_id, lesson in sorted(LESSONS.items()):
-        files = lesson.files()
-        text = f"`course/lessons/{lesson.lesson_file}` ([中文](course/lessons/zh/{lesson.lesson_file}))"
-        labs = ", ".join(f"`labs/{lab}`" for lab in lesson.labs) or "-"
-        rows.append(f"| {lesson_id} | {lesson.title} | {text} | `impl/{lesson.module_file}` | "
-                    f"`python -m course check {lesson_id}` | `tests/{files['test'].name}` | {labs} | "
+        files = {role: relative(path) for role, path in lesson.files().items()}
+        text = f"`{files['lesson text (en)']}` ([中文]({files['lesson text (zh)']}))"
+        labs = ", ".join(f"`{files[f'lab {lab}']}`" for lab in lesson.labs) or "-"
+        rows.append(f"| {lesson_id} | {lesson.title} | {text} | `{files['stub']}` | "
+                    f"`python -m course check {lesson_id}` | `{files['test']}` | {labs} | "
                     f"{lesson.points}{optional_note(lesson)} |")
     return "\n".join(rows)
 

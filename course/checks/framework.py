@@ -20,6 +20,7 @@ from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, load_i
 from .catalogue import Mistake
 
 PASS, FAIL, TODO = "PASS", "FAIL", "TODO"
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"   # the nbgrader course directory
 
 
 class CheckFailure(AssertionError):
@@ -62,6 +63,31 @@ def checks_in(*modules: ModuleType) -> list[Check]:
     """The checks defined in ``modules``, module by module in definition order (the order they run)."""
     return [getattr(value, CHECK_MARK) for module in modules for value in vars(module).values()
             if hasattr(value, CHECK_MARK) and getattr(value, "__module__", None) == module.__name__]
+
+
+# Roles of ``lesson_files`` that ``python -m course release`` generates: nobody writes them by hand.
+GENERATED_FILES = ("notebook source", "notebook release")
+
+
+def lesson_files(lesson_id: str, slug: str, module: str, labs: Sequence[str] = ()) -> dict[str, Path]:
+    """Every file of a lesson, by role, as absolute paths: the one place a lesson's layout is spelled (the
+    scaffold writes these before the lesson exists, the notebooks and the syllabus read them)."""
+    name = f"{lesson_id}_{slug}"
+    package = REPO_ROOT / "course" / "checks" / f"lesson{lesson_id}"
+    return {
+        "lesson text (en)": REPO_ROOT / "course" / "lessons" / f"{name}.md",
+        "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / f"{name}.md",
+        "stub": STUDENT_DIR / f"{module}.py",
+        "reference": REFERENCE_DIR / f"{module}.py",
+        "descriptor": package / "__init__.py",
+        "checks": package / "checks.py",
+        "mistakes": package / "mistakes.py",
+        "test": REPO_ROOT / "tests" / f"test_lesson{lesson_id}_{module}.py",
+        "notebook": NOTEBOOKS_DIR / "lessons" / f"{name}.py",
+        "notebook source": NOTEBOOKS_DIR / "source" / name / f"{name}.ipynb",
+        "notebook release": NOTEBOOKS_DIR / "release" / name / f"{name}.ipynb",
+        **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in labs},
+    }
 
 
 @dataclass(frozen=True)
@@ -107,30 +133,12 @@ class Lesson:
 
     @property
     def module_file(self) -> str:
-        return f"{self.module}.py"
-
-    @property
-    def lesson_file(self) -> str:
-        return f"{self.name}.md"
+        """The exercise module's file name, the same in impl/, the reference and a submission directory."""
+        return self.files()["stub"].name
 
     def files(self) -> dict[str, Path]:
-        """Every file of the lesson, by role, as absolute paths: the one place a lesson's layout is spelled
-        (the scaffold writes these, the notebooks and the syllabus read them)."""
-        package = REPO_ROOT / "course" / "checks" / f"lesson{self.lesson_id}"
-        return {
-            "lesson text (en)": REPO_ROOT / "course" / "lessons" / self.lesson_file,
-            "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / self.lesson_file,
-            "stub": STUDENT_DIR / self.module_file,
-            "reference": REFERENCE_DIR / self.module_file,
-            "descriptor": package / "__init__.py",
-            "checks": package / "checks.py",
-            "mistakes": package / "mistakes.py",
-            "test": REPO_ROOT / "tests" / f"test_lesson{self.lesson_id}_{self.module}.py",
-            "notebook": REPO_ROOT / "notebooks" / "lessons" / f"{self.name}.py",
-            "notebook source": REPO_ROOT / "notebooks" / "source" / self.name / f"{self.name}.ipynb",
-            "notebook release": REPO_ROOT / "notebooks" / "release" / self.name / f"{self.name}.ipynb",
-            **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in self.labs},
-        }
+        """Every file of the lesson, by role, as absolute paths (see ``lesson_files``)."""
+        return lesson_files(self.lesson_id, self.slug, self.module, self.labs)
 
     def load(self, impl: str = "student", impl_dir: Optional[str] = None) -> ModuleType:
         """The lesson's module from impl/ ("student"), the reference, or a submission directory."""
