@@ -1,5 +1,6 @@
 """The import layers of the project (README, "Project layout"): every import runs downward, there is no
-import cycle, and only the grader, the CLI, notebooks' grade cells and the tests import ``course.checks``.
+import cycle, and only the grader, the CLI (with its new-lesson scaffold, which writes the lesson paths the grader
+spells), notebooks' grade cells and the tests import ``course.checks``.
 
 Imports are read from the source (``ast``), so the test sees every import statement of every module,
 inside functions too, without running anything.
@@ -34,7 +35,7 @@ LAYERS = {
     "notebooks": 3,
 }
 # Who may import the grader: the grader itself, the CLI, and notebooks (their grade cells' helper).
-GRADER_USERS = ("course.checks", "course.cli", "course.__main__", "notebooks")
+GRADER_USERS = ("course.checks", "course.cli", "course.scaffold", "course.__main__", "notebooks")
 
 
 def module_name(path: Path) -> str:
