@@ -5,6 +5,7 @@
     python -m course check 14 --impl-dir DIR      # a submission laid out like impl/
     python -m course check 14 --json              # machine-readable
     python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
+    python -m course check 14 --only cosine_lr    # only these exercises (repeat it, or a comma list)
     python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mistakes 14                  # the typical mistakes the checks catch
     python -m course syllabus                     # the README's syllabus table, from the descriptors
@@ -21,51 +22,45 @@ from typing import Optional
 
 from .checks import LESSONS, get_lesson
 from .checks.assignments import NOTEBOOKS_DIR, release_all
-from .checks.framework import PASS, TODO, exercise_status, grade
+from .checks.framework import PASS, TODO
+from .checks.results import SKIP, describe, grade_exercises
 from .implementations import REPO_ROOT
 from .scaffold import new_lesson
 
 
-SKIP = "SKIP"   # an optional extension that this run did not grade (no --all)
-
-
-def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False) -> dict:
+def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False,
+                 only: Optional[list[str]] = None) -> dict:
     """Grade one implementation; the dict is what ``--json`` prints and the table shows.
 
-    ``passed`` / ``total`` count the core exercises only (they decide the exit code); optional
-    extensions are graded only with ``include_optional`` and summed apart under ``optional``."""
+    ``passed`` / ``total`` count the graded core exercises only (they decide the exit code); optional
+    extensions are graded only with ``include_optional`` or when ``only`` names them, and summed apart
+    under ``optional``."""
     lesson = get_lesson(lesson_id)
-    core = lesson.core_exercises
     try:
         module = lesson.load(impl, impl_dir)
     except (ValueError, FileNotFoundError):
         raise
     except Exception as exc:  # a student file that does not even import
-        return {"lesson": lesson_id, "impl": impl_dir or impl, "import_error": f"{type(exc).__name__}: {exc}",
-                "exercises": [], "passed": 0, "total": len(core)}
-    graded = [e.name for e in lesson.exercises if include_optional or not e.optional]
-    results = grade(lesson, module, graded)
+        return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only,
+                "import_error": f"{type(exc).__name__}: {exc}", "exercises": [], "passed": 0,
+                "total": len([e for e in lesson.core_exercises if not only or e.name in only])}
     exercises = []
-    for exercise in lesson.exercises:
-        if exercise.name not in graded:
-            exercises.append({"exercise": exercise.name, "status": SKIP, "section": exercise.section,
-                              "optional": True, "message": f"optional: python -m course check {lesson_id} --all "
-                                                           "grades it", "checks": []})
-            continue
-        mine = [r for r in results if r.exercise == exercise.name]
-        status = exercise_status(mine)
-        first = next((r for r in mine if r.status == status), None) if status != PASS else None
+    for result in grade_exercises(lesson, module, only, include_optional):
+        problem = result.first_problem
+        message = (f"optional: python -m course check {lesson_id} --all grades it" if result.status == SKIP
+                   else describe(problem) if problem else "")
         exercises.append({
-            "exercise": exercise.name, "status": status, "section": exercise.section,
-            "optional": exercise.optional, "message": first.message if first else "",
+            "exercise": result.exercise.name, "status": result.status, "section": result.exercise.section,
+            "optional": result.exercise.optional, "message": message,
             "checks": [{"check": r.check, "status": r.status, "seconds": round(r.seconds, 3),
-                        "message": r.message} for r in mine],
+                        "message": r.message} for r in result.checks],
         })
+    core = [e for e in exercises if not e["optional"]]
     optional = [e for e in exercises if e["optional"]]
-    return {"lesson": lesson_id, "impl": impl_dir or impl, "exercises": exercises,
-            "passed": sum(e["status"] == PASS for e in exercises if not e["optional"]), "total": len(core),
-            "optional": {"graded": include_optional, "passed": sum(e["status"] == PASS for e in optional),
-                         "total": len(optional)}}
+    return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only, "exercises": exercises,
+            "passed": sum(e["status"] == PASS for e in core), "total": len(core),
+            "optional": {"graded": all(e["status"] != SKIP for e in optional),
+                         "passed": sum(e["status"] == PASS for e in optional), "total": len(optional)}}
 
 
 def _counts(rows: list[dict], passed: int, total: int) -> str:
@@ -74,7 +69,8 @@ def _counts(rows: list[dict], passed: int, total: int) -> str:
 
 
 def print_table(report: dict, lesson_text: str) -> None:
-    print(f"Lesson {report['lesson']} - {report['impl']}")
+    only = f" (only {', '.join(report['only'])})" if report["only"] else ""
+    print(f"Lesson {report['lesson']} - {report['impl']}{only}")
     if "import_error" in report:
         print(f"  cannot import the implementation: {report['import_error']}")
         return
@@ -97,15 +93,28 @@ def print_table(report: dict, lesson_text: str) -> None:
               f"python -m course check {report['lesson']} --all grades them (never in the exit code)")
 
 
+def only_exercises(lesson_id: str, values: Optional[list[str]]) -> Optional[list[str]]:
+    """The exercises ``--only`` names (repeated or comma-separated), each checked against the lesson's."""
+    if not values:
+        return None
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    valid = [e.name for e in get_lesson(lesson_id).exercises]
+    unknown = [name for name in names if name not in valid]
+    if unknown or not names:
+        raise ValueError(f"--only must name exercises of lesson {lesson_id}: {', '.join(valid)}; got {unknown or values}")
+    return list(dict.fromkeys(names))
+
+
 def cmd_check(args) -> int:
     impls = ["dir"] if args.impl_dir is not None else ["student", "reference"] if args.impl == "both" else [args.impl]
     reports = []
-    for impl in impls:
-        try:
-            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all))
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        only = only_exercises(args.lesson, args.only)
+        for impl in impls:
+            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all, only))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, ensure_ascii=False))
     else:
@@ -214,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.add_argument("--all", action="store_true",
                        help="grade the optional extensions too (they never change the exit code)")
+    check.add_argument("--only", action="append", metavar="EXERCISE",
+                       help="grade only these exercises (repeat it or separate names by commas; an optional "
+                            "exercise named here is graded, still never in the exit code)")
     check.set_defaults(func=cmd_check)
     align = sub.add_parser("align", help="print a lesson's alignment report and compare it with the reference's")
     align.add_argument("lesson", choices=sorted(LESSONS))

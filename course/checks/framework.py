@@ -202,10 +202,6 @@ def grade(lesson: Lesson, module: ModuleType, exercises: Optional[list[str]] = N
     return [run_check(c, module) for c in lesson.checks if exercises is None or c.exercise in exercises]
 
 
-def exercise_status(results: list[CheckResult]) -> str:
-    statuses = {r.status for r in results}
-    return FAIL if FAIL in statuses else TODO if TODO in statuses else PASS
-
 
 # --- comparisons with ACTUAL vs EXPECTED messages -------------------------------------------
 
