@@ -7,7 +7,8 @@
     python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
     python -m course check 14 --only cosine_lr    # only these exercises (repeat it, or a comma list)
     python -m course align 14                     # the lesson's alignment report for your impl/
-    python -m course mistakes 14                  # the typical mistakes the checks catch
+    python -m course mistakes 14                  # the typical mistakes the checks catch, and what each edits
+    python -m course mistakes 14 --verify         # every catalogue entry's edit still applies to the reference
     python -m course syllabus                     # the README's syllabus table, from the descriptors
     python -m course release                      # regenerate every notebook's nbgrader source and release
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
@@ -22,6 +23,7 @@ from typing import Optional
 
 from .checks import LESSONS, get_lesson
 from .checks.assignments import NOTEBOOKS_DIR, release_all
+from .checks.catalogue import verify
 from .checks.framework import PASS, TODO
 from .checks.results import SKIP, describe, grade_exercises
 from .implementations import REPO_ROOT
@@ -147,13 +149,25 @@ def cmd_align(args) -> int:
 
 
 def cmd_mistakes(args) -> int:
+    """List the lesson's catalogue, or with ``--verify`` check that every entry's edit still applies."""
     lesson = get_lesson(args.lesson)
+    entries = [*lesson.mistakes, *lesson.equivalents]
+    if args.verify:
+        broken = verify(entries)
+        for line in broken:
+            print(line)
+        if broken:
+            print(f"{len(broken)} of {len(entries)} entries no longer apply to {lesson.files()['reference'].name}: "
+                  "update their 'old' snippets", file=sys.stderr)
+            return 1
+        print(f"OK: {len(entries)} entries apply")
+        return 0
     print(f"Lesson {args.lesson}: mistakes the checks catch")
     for m in lesson.mistakes:
-        print(f"  - {m.name}: {m.description}\n      caught by {m.caught_by}")
+        print(f"  - {m.name}: {m.description}\n      edits {m.function}, caught by {m.caught_by}")
     print("Accepted equivalent forms")
     for m in lesson.equivalents:
-        print(f"  - {m.name}: {m.description}")
+        print(f"  - {m.name}: {m.description}\n      edits {m.function}")
     return 0
 
 
@@ -233,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     align.set_defaults(func=cmd_align)
     mistakes = sub.add_parser("mistakes", help="list the mistake catalogue of a lesson")
     mistakes.add_argument("lesson", choices=sorted(LESSONS))
+    mistakes.add_argument("--verify", action="store_true",
+                          help="check that every entry's edit still applies to its function in the reference")
     mistakes.set_defaults(func=cmd_mistakes)
     syllabus = sub.add_parser("syllabus", help="print the README's syllabus table")
     syllabus.set_defaults(func=cmd_syllabus)
