@@ -5,9 +5,12 @@
     python -m course check 14 --impl-dir DIR      # a submission laid out like impl/
     python -m course check 14 --json              # machine-readable
     python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
+    python -m course check 14 --only cosine_lr    # only these exercises (repeat it, or a comma list)
     python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mistakes 14                  # the typical mistakes the checks catch
     python -m course mutants 14                   # automatic mutants of the reference the checks miss
+    python -m course mistakes 14                  # the typical mistakes the checks catch, and what each edits
+    python -m course mistakes 14 --verify         # every catalogue entry's edit still applies to the reference
     python -m course syllabus                     # the README's syllabus table, from the descriptors
     python -m course release                      # regenerate every notebook's nbgrader source and release
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
@@ -22,51 +25,47 @@ from typing import Optional
 
 from .checks import LESSONS, get_lesson
 from .checks.assignments import NOTEBOOKS_DIR, release_all
-from .checks.framework import PASS, TODO, exercise_status, grade
+from .checks.catalogue import verify
+from .checks.framework import PASS, TODO
+from .checks.results import SKIP, describe, grade_exercises
+from .implementations import REPO_ROOT
 from .checks.mutants import analyse, score_line, status_of
 from .scaffold import new_lesson
 
 
-SKIP = "SKIP"   # an optional extension that this run did not grade (no --all)
-
-
-def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False) -> dict:
+def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False,
+                 only: Optional[list[str]] = None) -> dict:
     """Grade one implementation; the dict is what ``--json`` prints and the table shows.
 
-    ``passed`` / ``total`` count the core exercises only (they decide the exit code); optional
-    extensions are graded only with ``include_optional`` and summed apart under ``optional``."""
+    ``passed`` / ``total`` count the graded core exercises only (they decide the exit code); optional
+    extensions are graded only with ``include_optional`` or when ``only`` names them, and summed apart
+    under ``optional``."""
     lesson = get_lesson(lesson_id)
-    core = lesson.core_exercises
     try:
         module = lesson.load(impl, impl_dir)
     except (ValueError, FileNotFoundError):
         raise
     except Exception as exc:  # a student file that does not even import
-        return {"lesson": lesson_id, "impl": impl_dir or impl, "import_error": f"{type(exc).__name__}: {exc}",
-                "exercises": [], "passed": 0, "total": len(core)}
-    graded = [e.name for e in lesson.exercises if include_optional or not e.optional]
-    results = grade(lesson, module, graded)
+        return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only,
+                "import_error": f"{type(exc).__name__}: {exc}", "exercises": [], "passed": 0,
+                "total": len([e for e in lesson.core_exercises if not only or e.name in only])}
     exercises = []
-    for exercise in lesson.exercises:
-        if exercise.name not in graded:
-            exercises.append({"exercise": exercise.name, "status": SKIP, "section": exercise.section,
-                              "optional": True, "message": f"optional: python -m course check {lesson_id} --all "
-                                                           "grades it", "checks": []})
-            continue
-        mine = [r for r in results if r.exercise == exercise.name]
-        status = exercise_status(mine)
-        first = next((r for r in mine if r.status == status), None) if status != PASS else None
+    for result in grade_exercises(lesson, module, only, include_optional):
+        problem = result.first_problem
+        message = (f"optional: python -m course check {lesson_id} --all grades it" if result.status == SKIP
+                   else describe(problem) if problem else "")
         exercises.append({
-            "exercise": exercise.name, "status": status, "section": exercise.section,
-            "optional": exercise.optional, "message": first.message if first else "",
+            "exercise": result.exercise.name, "status": result.status, "section": result.exercise.section,
+            "optional": result.exercise.optional, "message": message,
             "checks": [{"check": r.check, "status": r.status, "seconds": round(r.seconds, 3),
-                        "message": r.message} for r in mine],
+                        "message": r.message} for r in result.checks],
         })
+    core = [e for e in exercises if not e["optional"]]
     optional = [e for e in exercises if e["optional"]]
-    return {"lesson": lesson_id, "impl": impl_dir or impl, "exercises": exercises,
-            "passed": sum(e["status"] == PASS for e in exercises if not e["optional"]), "total": len(core),
-            "optional": {"graded": include_optional, "passed": sum(e["status"] == PASS for e in optional),
-                         "total": len(optional)}}
+    return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only, "exercises": exercises,
+            "passed": sum(e["status"] == PASS for e in core), "total": len(core),
+            "optional": {"graded": all(e["status"] != SKIP for e in optional),
+                         "passed": sum(e["status"] == PASS for e in optional), "total": len(optional)}}
 
 
 def _counts(rows: list[dict], passed: int, total: int) -> str:
@@ -74,8 +73,9 @@ def _counts(rows: list[dict], passed: int, total: int) -> str:
     return f"{passed}/{total} passed, {len(rows) - passed - todo} failed, {todo} TODO"
 
 
-def print_table(report: dict, lesson_file: str) -> None:
-    print(f"Lesson {report['lesson']} - {report['impl']}")
+def print_table(report: dict, lesson_text: str) -> None:
+    only = f" (only {', '.join(report['only'])})" if report["only"] else ""
+    print(f"Lesson {report['lesson']} - {report['impl']}{only}")
     if "import_error" in report:
         print(f"  cannot import the implementation: {report['import_error']}")
         return
@@ -88,7 +88,7 @@ def print_table(report: dict, lesson_file: str) -> None:
                 print(f"      {line}")
     core = [e for e in report["exercises"] if not e["optional"]]
     print(f"  total: {_counts(core, report['passed'], report['total'])}"
-          f"  (lesson text: course/lessons/{lesson_file})")
+          f"  (lesson text: {lesson_text})")
     optional = report["optional"]
     if optional["total"] and optional["graded"]:
         rows = [e for e in report["exercises"] if e["optional"]]
@@ -98,20 +98,33 @@ def print_table(report: dict, lesson_file: str) -> None:
               f"python -m course check {report['lesson']} --all grades them (never in the exit code)")
 
 
+def only_exercises(lesson_id: str, values: Optional[list[str]]) -> Optional[list[str]]:
+    """The exercises ``--only`` names (repeated or comma-separated), each checked against the lesson's."""
+    if not values:
+        return None
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    valid = [e.name for e in get_lesson(lesson_id).exercises]
+    unknown = [name for name in names if name not in valid]
+    if unknown or not names:
+        raise ValueError(f"--only must name exercises of lesson {lesson_id}: {', '.join(valid)}; got {unknown or values}")
+    return list(dict.fromkeys(names))
+
+
 def cmd_check(args) -> int:
     impls = ["dir"] if args.impl_dir is not None else ["student", "reference"] if args.impl == "both" else [args.impl]
     reports = []
-    for impl in impls:
-        try:
-            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all))
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        only = only_exercises(args.lesson, args.only)
+        for impl in impls:
+            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all, only))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, ensure_ascii=False))
     else:
         for report in reports:
-            print_table(report, get_lesson(args.lesson).lesson_file)
+            print_table(report, relative(get_lesson(args.lesson).files()["lesson text (en)"]))
     return 0 if all(r["passed"] == r["total"] for r in reports) else 1
 
 
@@ -139,13 +152,25 @@ def cmd_align(args) -> int:
 
 
 def cmd_mistakes(args) -> int:
+    """List the lesson's catalogue, or with ``--verify`` check that every entry's edit still applies."""
     lesson = get_lesson(args.lesson)
+    entries = [*lesson.mistakes, *lesson.equivalents]
+    if args.verify:
+        broken = verify(entries)
+        for line in broken:
+            print(line)
+        if broken:
+            print(f"{len(broken)} of {len(entries)} entries no longer apply to {lesson.files()['reference'].name}: "
+                  "update their 'old' snippets", file=sys.stderr)
+            return 1
+        print(f"OK: {len(entries)} entries apply")
+        return 0
     print(f"Lesson {args.lesson}: mistakes the checks catch")
     for m in lesson.mistakes:
-        print(f"  - {m.name}: {m.description}\n      caught by {m.caught_by}")
+        print(f"  - {m.name}: {m.description}\n      edits {m.function}, caught by {m.caught_by}")
     print("Accepted equivalent forms")
     for m in lesson.equivalents:
-        print(f"  - {m.name}: {m.description}")
+        print(f"  - {m.name}: {m.description}\n      edits {m.function}")
     return 0
 
 
@@ -175,16 +200,21 @@ def optional_note(lesson) -> str:
     return f" (+{count} optional, 0 points)" if count else ""
 
 
+def relative(path: Path) -> str:
+    """A path of ``Lesson.files()`` as the docs write it: relative to the repository root."""
+    return path.relative_to(REPO_ROOT).as_posix()
+
+
 def syllabus_table() -> str:
     """The README's syllabus table: one row per lesson, every cell from its descriptor."""
     rows = ["| lesson | title | text | your file | check | tests | labs | notebook points |",
             "|---|---|---|---|---|---|---|---|"]
     for lesson_id, lesson in sorted(LESSONS.items()):
-        files = lesson.files()
-        text = f"`course/lessons/{lesson.lesson_file}` ([中文](course/lessons/zh/{lesson.lesson_file}))"
-        labs = ", ".join(f"`labs/{lab}`" for lab in lesson.labs) or "-"
-        rows.append(f"| {lesson_id} | {lesson.title} | {text} | `impl/{lesson.module_file}` | "
-                    f"`python -m course check {lesson_id}` | `tests/{files['test'].name}` | {labs} | "
+        files = {role: relative(path) for role, path in lesson.files().items()}
+        text = f"`{files['lesson text (en)']}` ([中文]({files['lesson text (zh)']}))"
+        labs = ", ".join(f"`{files[f'lab {lab}']}`" for lab in lesson.labs) or "-"
+        rows.append(f"| {lesson_id} | {lesson.title} | {text} | `{files['stub']}` | "
+                    f"`python -m course check {lesson_id}` | `{files['test']}` | {labs} | "
                     f"{lesson.points}{optional_note(lesson)} |")
     return "\n".join(rows)
 
@@ -230,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.add_argument("--all", action="store_true",
                        help="grade the optional extensions too (they never change the exit code)")
+    check.add_argument("--only", action="append", metavar="EXERCISE",
+                       help="grade only these exercises (repeat it or separate names by commas; an optional "
+                            "exercise named here is graded, still never in the exit code)")
     check.set_defaults(func=cmd_check)
     align = sub.add_parser("align", help="print a lesson's alignment report and compare it with the reference's")
     align.add_argument("lesson", choices=sorted(LESSONS))
@@ -237,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     align.set_defaults(func=cmd_align)
     mistakes = sub.add_parser("mistakes", help="list the mistake catalogue of a lesson")
     mistakes.add_argument("lesson", choices=sorted(LESSONS))
+    mistakes.add_argument("--verify", action="store_true",
+                          help="check that every entry's edit still applies to its function in the reference")
     mistakes.set_defaults(func=cmd_mistakes)
     mutants = sub.add_parser("mutants", help="grade automatic mutants of a lesson's reference (instructors; minutes)")
     mutants.add_argument("lesson", choices=sorted(LESSONS))

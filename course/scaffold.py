@@ -1,7 +1,8 @@
 """``python -m course new-lesson NN slug``: write the skeleton of every file a lesson needs.
 
-The files are the ones ``Lesson.files()`` lists (lesson text en + zh, stub, reference, checks, test,
-notebook source). Every place the author still has to fill holds ``AUTHOR_TODO``; the completeness
+The files are the ones ``Lesson.files()`` lists (lesson texts en + zh, stub, reference, the package
+``course/checks/lessonNN/`` with its descriptor, checks and mistakes, test, notebook), except the notebooks
+``python -m course release`` generates. Every place the author still has to fill holds ``AUTHOR_TODO``; the completeness
 test (tests/test_lessons_complete.py) fails until none is left, the lesson has a catalogued mistake
 and the README's syllabus table has its row. README "Adding a lesson" lists the steps.
 """
@@ -12,14 +13,20 @@ from pathlib import Path
 from typing import Optional
 
 from .implementations import REPO_ROOT
+from .layout import lesson_files
 
 AUTHOR_TODO = "TODO(author)"
 SLUG = re.compile(r"^[a-z][a-z0-9_]*$")
 
-CHECKS = '''"""Lesson {id}: {title} - descriptor, checks, mistakes."""
+DESCRIPTOR = '''"""Lesson {id}: {title} - the descriptor.
+
+The checks live beside it in ``checks``, the mistake catalogue in ``mistakes``, the mutants no check can fail
+in ``equivalent_mutants``.
+"""
 from __future__ import annotations
 
-from .framework import Exercise, Lesson, expect_equal
+from ..framework import Exercise, Lesson, checks_in
+from . import checks, equivalent_mutants, mistakes
 
 LESSON = Lesson(
     lesson_id="{id}",
@@ -29,17 +36,26 @@ LESSON = Lesson(
     exercises=[
         Exercise("first_exercise", "{id} §1.1", points=1, hidden_points=1),
     ],
+    checks=checks_in(checks),
+    mistakes=mistakes.MISTAKES,
+    equivalents=mistakes.EQUIVALENTS,
+    equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
     labs=(),
     notebook_mistake="{todo}: a catalogued mistake that only a hidden check catches",
 )
-check = LESSON.check
+'''
+
+CHECKS = '''"""Lesson {id} checks: {todo}: what they prove, and why their tolerances let equivalent code pass."""
+from __future__ import annotations
+
+from ..framework import check
 
 
 @check("first_exercise")
 def first_exercise_matches_the_oracle(impl):
     """{todo}: what this check proves, in one sentence (it is the grade cell's comment too)."""
     # {todo}: call impl.first_exercise on cases whose answers come from the oracle (course/minimind/)
-    # and compare with expect_equal / expect_close / expect_tensor_close (ACTUAL vs EXPECTED).
+    # and compare with framework's expect_equal / expect_close / expect_tensor_close (ACTUAL vs EXPECTED).
     raise NotImplementedError("{todo}: write the check")
 
 
@@ -47,16 +63,27 @@ def first_exercise_matches_the_oracle(impl):
 def first_exercise_hidden_rule(impl):
     """{todo}: a rule graded only when a notebook is graded (argument checks, edge cases)."""
     raise NotImplementedError("{todo}: write the hidden check")
+'''
 
+MISTAKES = '''"""Lesson {id}'s mistake catalogue: each wrong variant of a reference function FAILS the check named; each
+equivalent PASSES every check (tests/test_mistakes.py proves both)."""
+from __future__ import annotations
 
-# --- mistake catalogue: each wrong variant FAILS the check named; equivalents PASS every check ----
-# {todo}: at least one LESSON.mistake(name, description, old, new, caught_by_check): a small edit of the
-# reference that breaks one rule; LESSON.equivalent(...) for algebraically equivalent forms.
+# {todo}: for every rule a check states, a small edit inside one function of the reference, e.g.
+#     from ..catalogue import equivalent, mistake
+#     from .checks import first_exercise_matches_the_oracle
+#     MISTAKES = [
+#         mistake("short_name", "what it gets wrong", "first_exercise", "old snippet", "new snippet",
+#                 first_exercise_matches_the_oracle),
+#     ]
+#     EQUIVALENTS = [equivalent("short_name", "why it is the same", "first_exercise", "old", "new")]
+MISTAKES = []
+EQUIVALENTS = []
 '''
 
 STUB = '''"""Lesson {id} exercises: {title}.
 
-Read course/lessons/{name}.md (Chinese: course/lessons/zh/{name}.md), replace each
+Read {text_en} (Chinese: {text_zh}), replace each
 ``raise NotImplementedError`` with your code, then run ``python -m course check {id}``.
 """
 from __future__ import annotations
@@ -101,7 +128,7 @@ NOTEBOOK = '''# ---
 # %% [markdown]
 # # Lesson {id} — {title}
 #
-# The explanations live in `course/lessons/{name}.md` (Chinese: `course/lessons/zh/{name}.md`).
+# The explanations live in `{text_en}` (Chinese: `{text_zh}`).
 # Write your code where it says `# YOUR CODE HERE`, run the cell, then the test cell under it: it
 # calls the checks `python -m course check {id}` runs. {todo}: what this notebook adds (experiments, figures).
 
@@ -158,18 +185,29 @@ python -m course check {id} --impl reference
 '''
 
 
-def skeleton_files(lesson_id: str, slug: str, module: str, root: Path) -> dict[Path, str]:
-    """Path -> template of every file of a new lesson, laid out as ``Lesson.files()`` names them."""
-    name = f"{lesson_id}_{slug}"
-    return {
-        root / "course" / "checks" / f"lesson{lesson_id}.py": CHECKS,
-        root / "impl" / f"{module}.py": STUB,
-        root / "course" / "reference" / f"{module}.py": REFERENCE,
-        root / "tests" / f"test_lesson{lesson_id}_{module}.py": TEST,
-        root / "notebooks" / "lessons" / f"{name}.py": NOTEBOOK,
-        root / "course" / "lessons" / f"{name}.md": TEXT_EN,
-        root / "course" / "lessons" / "zh" / f"{name}.md": TEXT_ZH,
-    }
+EQUIVALENT_MUTANTS = '''"""Mutants of the lesson-{id} reference that no check can fail, each with why. ``python -m course mutants {id}``
+lists every other survivor: a gap that a new check (and a catalogued mistake) closes."""
+
+EQUIVALENT_MUTANTS: dict[str, str] = {{
+    # "first_exercise#1: statement removed (Expr)": "why no observable behaviour changes",
+}}
+'''
+
+
+# The template of each role of ``Lesson.files()`` a new lesson starts from: all but the generated notebooks
+# (layout.GENERATED_FILES); tests/test_lessons_complete.py counts them.
+TEMPLATES = {
+    "lesson text (en)": TEXT_EN,
+    "lesson text (zh)": TEXT_ZH,
+    "stub": STUB,
+    "reference": REFERENCE,
+    "descriptor": DESCRIPTOR,
+    "checks": CHECKS,
+    "mistakes": MISTAKES,
+    "equivalent mutants": EQUIVALENT_MUTANTS,
+    "test": TEST,
+    "notebook": NOTEBOOK,
+}
 
 
 def new_lesson(lesson_id: str, slug: str, *, title: Optional[str] = None, module: Optional[str] = None,
@@ -185,11 +223,13 @@ def new_lesson(lesson_id: str, slug: str, *, title: Optional[str] = None, module
     if any(c in title for c in '"\\\n'):
         raise ValueError(f"title must be one line without quotes or backslashes, got {title!r}")
     root = Path(root) if root is not None else REPO_ROOT
-    files = skeleton_files(lesson_id, slug, module, root)
+    paths = {role: path.relative_to(REPO_ROOT) for role, path in lesson_files(lesson_id, slug, module).items()}
+    files = {root / paths[role]: template for role, template in TEMPLATES.items()}
     existing = [str(p) for p in files if p.exists()]
     if existing:
         raise FileExistsError(f"lesson {lesson_id} would overwrite {existing}")
-    values = dict(id=lesson_id, slug=slug, title=title, module=module, name=f"{lesson_id}_{slug}", todo=AUTHOR_TODO)
+    values = dict(id=lesson_id, slug=slug, title=title, module=module, name=f"{lesson_id}_{slug}", todo=AUTHOR_TODO,
+                  text_en=paths["lesson text (en)"].as_posix(), text_zh=paths["lesson text (zh)"].as_posix())
     for path, template in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(template.format(**values), encoding="utf-8")

@@ -11,7 +11,8 @@ import functools
 import pytest
 
 from course.checks import get_lesson
-from course.checks.framework import FAIL, TODO, run_check
+from course.checks.framework import FAIL, TODO
+from course.checks.results import describe, grade_exercises
 
 
 def pytest_addoption(parser):
@@ -48,13 +49,13 @@ def impl_module(request, impl_name):
 def graded(impl_module, impl_name):
     """``graded(lesson, check_name)``: run one check; TODO skips (untouched stub), FAIL fails."""
     def run(lesson, check_name: str):
-        check = next(c for c in lesson.checks if c.name == check_name)
-        result = run_check(check, impl_module(lesson))
+        [result] = grade_exercises(lesson, impl_module(lesson), check_names=[check_name])
+        problem = result.first_problem
         if result.status == TODO:
             if impl_name != "student" and impl_name != "dir":
                 pytest.fail(f"the {impl_name} implementation must not raise NotImplementedError: "
-                            f"{result.message}", pytrace=False)
-            pytest.skip(f"TODO ({check.exercise}): {result.message}")
+                            f"{describe(problem)}", pytrace=False)
+            pytest.skip(describe(problem))
         if result.status == FAIL:
-            pytest.fail(result.message, pytrace=False)
+            pytest.fail(describe(problem), pytrace=False)
     return run

@@ -54,6 +54,40 @@ def test_impl_dir_grades_a_submission_with_a_mistake(tmp_path):
     assert statuses["should_step_optimizer"] == "FAIL" and statuses["cosine_lr"] == "PASS", statuses
     table = course_cli("check", "14", "--impl-dir", str(submission)).stdout
     assert "ACTUAL:   [3, 7]" in table and "EXPECTED: [4, 8]" in table, table
+    first_line = next(ln for ln in table.splitlines() if ln.startswith("      "))
+    assert first_line.strip().startswith(f"FAIL {mistake.caught_by}: "), (
+        f"the FAIL row should name the failing check\n  ACTUAL:   {first_line!r}\n"
+        f"  EXPECTED: 'FAIL {mistake.caught_by}: ...'")
+
+
+def test_only_grades_the_named_exercises_and_runs_only_their_checks():
+    lesson = get_lesson("14")
+    proc = course_cli("check", "14", "--impl", "reference", "--json", "--only", "cosine_lr")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    ran = {e["exercise"]: [c["check"] for c in e["checks"]] for e in report["exercises"]}
+    expected = {"cosine_lr": [c.name for c in lesson.checks if c.exercise == "cosine_lr"]}
+    assert ran == expected, f"ACTUAL checks run: {ran}\nEXPECTED: {expected}"
+    assert (report["passed"], report["total"]) == (1, 1), report
+
+    # Repeated and comma-separated; an optional exercise named here is graded but never in the exit code.
+    proc = course_cli("check", "14", "--impl", "reference", "--json", "--only", "cosine_lr,should_flush_tail",
+                      "--only", "warmup_cosine_lr")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    statuses = {e["exercise"]: e["status"] for e in report["exercises"]}
+    expected = {"cosine_lr": "PASS", "should_flush_tail": "PASS", "warmup_cosine_lr": "PASS"}
+    assert statuses == expected, f"ACTUAL {statuses}\nEXPECTED {expected}"
+    assert (report["passed"], report["total"], report["optional"]) == (
+        2, 2, {"graded": True, "passed": 1, "total": 1}), report
+
+
+def test_only_with_an_unknown_exercise_exits_2_listing_the_valid_names():
+    proc = course_cli("check", "14", "--only", "cosine")
+    names = [e.name for e in get_lesson("14").exercises]
+    assert proc.returncode == 2, f"ACTUAL exit {proc.returncode}, EXPECTED 2\n{proc.stdout}{proc.stderr}"
+    assert "--only" in proc.stderr and all(name in proc.stderr for name in names), (
+        f"ACTUAL stderr: {proc.stderr!r}\nEXPECTED: '--only' and every exercise of lesson 14 {names}")
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):

@@ -1,5 +1,6 @@
 """The import layers of the project (README, "Project layout"): every import runs downward, there is no
-import cycle, and only the grader, the CLI, notebooks' grade cells and the tests import ``course.checks``.
+import cycle, and only the grader, the CLI (with its new-lesson scaffold, which writes the lesson paths the grader
+spells), notebooks' grade cells and the tests import ``course.checks``.
 
 Imports are read from the source (``ast``), so the test sees every import statement of every module,
 inside functions too, without running anything.
@@ -18,6 +19,7 @@ LAYERS = {
     "course": 0,
     "course.minimind": 0,
     "course.implementations": 1,
+    "course.layout": 1,
     "course.runs": 1,
     "course.protocol": 1,
     "course.reference": 2,

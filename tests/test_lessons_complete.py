@@ -16,6 +16,7 @@ import pytest
 
 from course.checks import LESSONS
 from course.checks.assignments import build_source
+from course.layout import GENERATED_FILES, lesson_files
 from course.cli import syllabus_table
 from course.implementations import REPO_ROOT
 from course.scaffold import AUTHOR_TODO
@@ -26,7 +27,8 @@ by_id = pytest.mark.parametrize("lesson", LESSON_LIST, ids=lambda lesson: lesson
 
 @by_id
 def test_every_listed_file_exists_and_is_filled_in(lesson):
-    files = lesson.files()
+    """Every file the descriptor lists but the notebooks ``python -m course release`` generates."""
+    files = {role: path for role, path in lesson.files().items() if role not in GENERATED_FILES}
     missing = [role for role, path in files.items() if not path.is_file()]
     assert not missing, f"lesson {lesson.lesson_id} lacks {missing}: {[str(files[r]) for r in missing]}"
     unfilled = [role for role, path in files.items() if AUTHOR_TODO in path.read_text(encoding="utf-8")]
@@ -46,7 +48,7 @@ def test_every_exercise_section_is_a_heading_of_both_texts(lesson):
 
 @by_id
 def test_the_lesson_catalogues_a_mistake_a_hidden_check_catches(lesson):
-    assert lesson.mistakes, f"lesson {lesson.lesson_id} catalogues no mistake (LESSON.mistake in its checks module)"
+    assert lesson.mistakes, f"lesson {lesson.lesson_id} catalogues no mistake (MISTAKES in {lesson.files()['mistakes']})"
     if lesson.files()["notebook"].is_file():
         mistake = next((m for m in lesson.mistakes if m.name == lesson.notebook_mistake), None)
         assert mistake is not None, (f"notebook_mistake {lesson.notebook_mistake!r} is not in lesson "
@@ -70,8 +72,9 @@ def test_readme_syllabus_is_the_generated_table():
 
 # --- adding a lesson ------------------------------------------------------------------------------
 
+NEW_LESSON = lesson_files("90", "doubling", "doubling")   # python -m course new-lesson 90 doubling
 FILLED = {
-    "course/reference/doubling.py": '''"""Lesson 90 reference solutions: Doubling."""
+    "reference": '''"""Lesson 90 reference solutions: Doubling."""
 from __future__ import annotations
 
 
@@ -79,12 +82,26 @@ def first_exercise(x):
     """The reference solution of lesson 90 §1.1."""
     return 2 * x
 ''',
-    "tests/test_lesson90_doubling.py": '''"""Lesson 90 beyond its checks."""
+    "test": '''"""Lesson 90 beyond its checks."""
 from course.checks import get_lesson
 
 
 def test_lesson90_has_one_exercise():
     assert [e.name for e in get_lesson("90").exercises] == ["first_exercise"]
+''',
+    "mistakes": '''"""Lesson 90's mistake catalogue."""
+from __future__ import annotations
+
+from ..catalogue import equivalent, mistake
+from .checks import first_exercise_keeps_integers_integers, first_exercise_matches_the_oracle
+
+MISTAKES = [
+    mistake("adds_instead", "x + 2 instead of 2 * x", "first_exercise", "return 2 * x", "return x + 2",
+            first_exercise_matches_the_oracle),
+    mistake("float_factor", "2.0 * x: an int becomes a float", "first_exercise", "return 2 * x", "return 2.0 * x",
+            first_exercise_keeps_integers_integers),
+]
+EQUIVALENTS = [equivalent("sum", "x + x is 2 * x", "first_exercise", "return 2 * x", "return x + x")]
 ''',
 }
 CHECK_BODY = '''    """first_exercise doubles its input."""
@@ -96,12 +113,11 @@ CHECK_BODY = '''    """first_exercise doubles its input."""
 def first_exercise_keeps_integers_integers(impl):
     """An int comes back as an int."""
     expect_equal("type(first_exercise(3))", type(impl.first_exercise(3)).__name__, "int")
-
-
-LESSON.mistake("adds_instead", "x + 2 instead of 2 * x", "return 2 * x", "return x + 2", first_exercise_matches_the_oracle)
-LESSON.mistake("float_factor", "2.0 * x: an int becomes a float", "return 2 * x", "return 2.0 * x",
-               first_exercise_keeps_integers_integers)
 '''
+
+
+def in_copy(copy: Path, role: str) -> Path:
+    return copy / NEW_LESSON[role].relative_to(REPO_ROOT)
 
 
 def run_in(copy: Path, *args: str) -> subprocess.CompletedProcess:
@@ -110,19 +126,19 @@ def run_in(copy: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def fill_skeleton(copy: Path) -> None:
-    """What an author does after new-lesson: write the solution, a check, a mistake, the texts, the README row."""
-    for relative, text in FILLED.items():
-        (copy / relative).write_text(text, encoding="utf-8")
-    checks = copy / "course" / "checks" / "lesson90.py"
-    source = checks.read_text(encoding="utf-8")
-    body_start = source.index('    """TODO(author): what this check proves')
-    source = source[:body_start] + CHECK_BODY
-    checks.write_text(source.replace('"TODO(author): a catalogued mistake that only a hidden check catches"',
-                                     '"float_factor"'), encoding="utf-8")
-    for path in [copy / "impl" / "doubling.py", copy / "notebooks" / "lessons" / "90_doubling.py",
-                 copy / "course" / "lessons" / "90_doubling.md", copy / "course" / "lessons" / "zh" / "90_doubling.md"]:
-        text = path.read_text(encoding="utf-8")
-        path.write_text(text.replace(AUTHOR_TODO, "Return twice x"), encoding="utf-8")
+    """What an author does after new-lesson: write the solution, a check, the mistakes, the texts, the README row."""
+    for role, text in FILLED.items():
+        in_copy(copy, role).write_text(text, encoding="utf-8")
+    checks = in_copy(copy, "checks")
+    source = checks.read_text(encoding="utf-8").replace("import check\n", "import check, expect_equal\n")
+    source = source[:source.index('    """TODO(author): what this check proves')] + CHECK_BODY
+    checks.write_text(source.replace(AUTHOR_TODO, "Doubling"), encoding="utf-8")
+    descriptor = in_copy(copy, "descriptor")
+    descriptor.write_text(descriptor.read_text(encoding="utf-8").replace(
+        '"TODO(author): a catalogued mistake that only a hidden check catches"', '"float_factor"'), encoding="utf-8")
+    for role in ("stub", "notebook", "lesson text (en)", "lesson text (zh)"):
+        path = in_copy(copy, role)
+        path.write_text(path.read_text(encoding="utf-8").replace(AUTHOR_TODO, "Return twice x"), encoding="utf-8")
     table = run_in(copy, "-m", "course", "syllabus").stdout.strip()
     readme = copy / "README.md"
     readme.write_text(readme.read_text(encoding="utf-8").replace(syllabus_table(), table), encoding="utf-8")
@@ -137,7 +153,8 @@ def test_new_lesson_then_filling_the_skeleton_makes_the_lesson_complete(tmp_path
             shutil.copy2(REPO_ROOT / relative, copy / relative)
     made = run_in(copy, "-m", "course", "new-lesson", "90", "doubling")
     assert made.returncode == 0, made.stdout + made.stderr
-    assert made.stdout.count("wrote ") == 7, made.stdout
+    written = len(set(NEW_LESSON) - set(GENERATED_FILES))
+    assert made.stdout.count("wrote ") == written, f"ACTUAL {made.stdout.count('wrote ')} files, EXPECTED {written}:\n{made.stdout}"
     again = run_in(copy, "-m", "course", "new-lesson", "90", "doubling")
     assert again.returncode == 2 and "would overwrite" in again.stderr, again.stderr
 

@@ -1,10 +1,15 @@
 """The mistake catalogue: each typical wrong implementation FAILS the check named for it, with an
-ACTUAL vs EXPECTED message; each accepted equivalent form PASSES every check of its lesson."""
+ACTUAL vs EXPECTED message; each accepted equivalent form PASSES every check of its lesson; and
+``python -m course mistakes NN --verify`` reports an entry whose edit no longer applies."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
+from course import cli
 from course.checks import LESSONS, get_lesson
+from course.checks.catalogue import Mistake, verify
 from course.checks.framework import FAIL, PASS, grade, run_check
 
 MISTAKES = [m for _, lesson in sorted(LESSONS.items()) for m in lesson.mistakes]
@@ -30,3 +35,38 @@ def test_equivalent_form_passes(equivalent):
     failed = [f"{r.check}: {r.message[:400]}" for r in results if r.status != PASS]
     assert not failed, f"{equivalent.name} ({equivalent.description}) is algebraically equivalent but failed:\n" + \
         "\n".join(failed)
+
+
+@pytest.mark.parametrize("lesson", sorted(LESSONS), ids=lambda lesson_id: f"lesson{lesson_id}")
+def test_verify_finds_every_entry_applies(lesson, capsys):
+    """Cheap (the edits are made, nothing is graded): every real entry still applies to its function."""
+    entries = [*get_lesson(lesson).mistakes, *get_lesson(lesson).equivalents]
+    assert verify(entries) == [], "\n".join(verify(entries))
+    assert cli.main(["mistakes", lesson, "--verify"]) == 0
+    assert capsys.readouterr().out == f"OK: {len(entries)} entries apply\n"
+
+
+def test_verify_reports_a_stale_entry_with_the_nearest_line_and_exits_1(monkeypatch, capsys):
+    """An entry whose 'old' snippet is not in its function (here: the right line, misspelled) is reported with
+    its name, its function and the reference line nearest to what it looks for."""
+    lesson = get_lesson("14")
+    stale = Mistake("stale_entry", "looks for a line the reference no longer has", "should_step_optimizer",
+                    "return step % accumulation_step == 0", "return True", lesson.mistakes[0].caught_by)
+    with_stale = dataclasses.replace(lesson, mistakes=(*lesson.mistakes, stale))
+    monkeypatch.setattr(cli, "get_lesson", lambda lesson_id: with_stale)
+    assert cli.main(["mistakes", "14", "--verify"]) == 1
+    out, err = capsys.readouterr()
+    [line] = out.splitlines()
+    expected = ("mistake 'stale_entry'", "should_step_optimizer", "nearest line",
+                "return step % accumulation_steps == 0")
+    assert all(part in line for part in expected), f"ACTUAL:   {line!r}\nEXPECTED: a line with {expected}"
+    assert "1 of" in err, err
+
+
+def test_mistakes_listing_names_the_function_each_entry_edits(capsys):
+    lesson = get_lesson("15")
+    assert cli.main(["mistakes", "15"]) == 0
+    out = capsys.readouterr().out
+    for entry in lesson.mistakes:
+        expected = f"edits {entry.function}, caught by {entry.caught_by}"
+        assert expected in out, f"{entry.name}: EXPECTED {expected!r} in the listing, ACTUAL:\n{out}"

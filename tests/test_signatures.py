@@ -10,15 +10,15 @@ import pytest
 from stub_copies import untouched_impl
 
 from course.checks import LESSONS
-from course.implementations import REFERENCE_DIR, STUDENT_DIR, load_module
+from course.implementations import load_module
 
 LESSON_LIST = sorted(LESSONS.values(), key=lambda lesson: lesson.lesson_id)
 
 
 @pytest.mark.parametrize("lesson", LESSON_LIST, ids=lambda lesson: lesson.lesson_id)
 def test_stub_and_reference_signatures_match(lesson):
-    stub = load_module(STUDENT_DIR / lesson.module_file, f"sig_stub_{lesson.lesson_id}")
-    reference = load_module(REFERENCE_DIR / lesson.module_file, f"sig_ref_{lesson.lesson_id}")
+    stub = load_module(lesson.files()["stub"], f"sig_stub_{lesson.lesson_id}")
+    reference = load_module(lesson.files()["reference"], f"sig_ref_{lesson.lesson_id}")
     for exercise in lesson.exercises:
         for side, module in (("stub", stub), ("reference", reference)):
             assert hasattr(module, exercise.name), f"{side} {lesson.module_file} lacks {exercise.name}"
@@ -49,11 +49,11 @@ def test_stubs_say_todo_and_hold_no_reference_solution(lesson):
     NotImplementedError, the message names the section; and no exercise's code is the reference's (a
     solution leaked into impl/; the reference's docstrings also lack TODO). What untouched stubs DO is
     tested on a generated untouched copy (tests/stub_copies.py, used by tests/test_cli.py)."""
-    stub_nodes = _exercise_nodes(STUDENT_DIR / lesson.module_file)
-    reference_nodes = _exercise_nodes(REFERENCE_DIR / lesson.module_file)
+    stub_nodes = _exercise_nodes(lesson.files()["stub"])
+    reference_nodes = _exercise_nodes(lesson.files()["reference"])
     for exercise in lesson.exercises:
         node = stub_nodes.get(exercise.name)
-        assert node is not None, f"impl/{lesson.module_file} lacks {exercise.name}"
+        assert node is not None, f"{lesson.files()['stub']} lacks {exercise.name}"
         section = exercise.section.split()[-1]  # e.g. "§5.1"
         doc = ast.get_docstring(node) or ""
         assert "TODO" in doc and section in doc, (
@@ -63,7 +63,7 @@ def test_stubs_say_todo_and_hold_no_reference_solution(lesson):
         assert all(section in r for r in raises), (
             f"{exercise.name}: NotImplementedError should name section {exercise.section}\n  ACTUAL: {raises}")
         assert _code_without_docstrings(node) != _code_without_docstrings(reference_nodes[exercise.name]), (
-            f"{exercise.name} in impl/{lesson.module_file} is the reference solution: a solution leaked into impl/")
+            f"{exercise.name} in {lesson.files()['stub']} is the reference solution: a solution leaked into impl/")
 
 
 @pytest.mark.parametrize("lesson", LESSON_LIST, ids=lambda lesson: lesson.lesson_id)
@@ -72,7 +72,7 @@ def test_untouched_copy_raises_todo_naming_the_section(lesson, tmp_path):
     naming the section in every exercise and keeps the stubs' signatures."""
     copy_dir = untouched_impl(tmp_path / "impl")
     module = load_module(copy_dir / lesson.module_file, f"untouched_{lesson.lesson_id}")
-    stub = load_module(STUDENT_DIR / lesson.module_file, f"sig_stub_again_{lesson.lesson_id}")
+    stub = load_module(lesson.files()["stub"], f"sig_stub_again_{lesson.lesson_id}")
     for exercise in lesson.exercises:
         expect = str(inspect.signature(getattr(stub, exercise.name)))
         assert str(inspect.signature(getattr(module, exercise.name))) == expect, exercise.name

@@ -1,8 +1,9 @@
-"""The grader: one ``Lesson`` descriptor per ``lessonNN.py`` module here, discovered, never listed by hand.
+"""The grader: one ``Lesson`` descriptor per ``lessonNN`` package here, discovered, never listed by hand.
 
-Each ``course/checks/lessonNN.py`` defines ``LESSON`` (texts, stub, reference, exercises, notebook
-points, labs), registers its checks with ``@LESSON.check`` and catalogues its mistakes and accepted
-equivalents with ``LESSON.mistake`` / ``LESSON.equivalent``.
+Each ``course/checks/lessonNN/__init__.py`` is the lesson's complete descriptor ``LESSON`` (texts, stub,
+reference, exercises, notebook points, labs): its checks are the ``@check`` functions of the package's
+check modules (``checks_in``), its mistakes and accepted equivalents the ``mistake(...)`` /
+``equivalent(...)`` entries of ``mistakes.py``. ``Lesson.files()`` spells every path of a lesson.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _discover() -> dict[str, Lesson]:
         if match:
             lesson = importlib.import_module(f"{__name__}.{info.name}").LESSON
             if lesson.lesson_id != match.group(1):
-                raise ValueError(f"course/checks/{info.name}.py describes lesson {lesson.lesson_id!r}, "
+                raise ValueError(f"course/checks/{info.name}/ describes lesson {lesson.lesson_id!r}, "
                                  f"expected {match.group(1)!r}")
             lessons[lesson.lesson_id] = lesson
     return lessons

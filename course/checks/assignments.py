@@ -2,7 +2,7 @@
 
 The source of truth is ``notebooks/lessons/<lesson>.py`` (jupytext ``py:percent``): prose, the setup
 cell, experiments, and one code cell ``# exercise: NAME`` per exercise. Everything graded is
-generated from the lesson's descriptor (``course/checks/lessonNN.py``):
+generated from the lesson's descriptor (``course/checks/lessonNN/__init__.py``):
 
 * the exercise cell becomes the solution cell: the signature and TODO docstring of ``impl/``'s stub,
   then the reference's body between ``### BEGIN SOLUTION`` / ``### END SOLUTION`` (private helpers
@@ -30,23 +30,25 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
-from . import LESSONS, get_lesson
-from .framework import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, Lesson
+from course.layout import NOTEBOOKS_DIR
 
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+from . import LESSONS, get_lesson
+from .framework import Lesson
+
 EXERCISE_CELL = re.compile(r"^# exercise: (\w+)\s*$")
 
 
-def jupytext_path(lesson: Lesson) -> Path:
-    return NOTEBOOKS_DIR / "lessons" / f"{lesson.name}.py"
+def in_course_dir(path: Path, course_dir: Path) -> Path:
+    """A notebook path of ``Lesson.files()`` (under notebooks/) inside another nbgrader course directory."""
+    return Path(course_dir) / path.relative_to(NOTEBOOKS_DIR)
 
 
 def source_path(lesson: Lesson, course_dir: Path) -> Path:
-    return Path(course_dir) / "source" / lesson.name / f"{lesson.name}.ipynb"
+    return in_course_dir(lesson.files()["notebook source"], course_dir)
 
 
 def release_path(lesson: Lesson, course_dir: Path) -> Path:
-    return Path(course_dir) / "release" / lesson.name / f"{lesson.name}.ipynb"
+    return in_course_dir(lesson.files()["notebook release"], course_dir)
 
 
 def nbgrader(course_dir: Path, *args: str, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
@@ -274,10 +276,11 @@ def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_sou
     import jupytext
     import nbformat
 
-    stub_source = (STUDENT_DIR / lesson.module_file).read_text(encoding="utf-8")
+    files = lesson.files()
+    stub_source = files["stub"].read_text(encoding="utf-8")
     if reference_source is None:
-        reference_source = (REFERENCE_DIR / lesson.module_file).read_text(encoding="utf-8")
-    nb = jupytext.read(jupytext_path(lesson), fmt="py:percent")
+        reference_source = files["reference"].read_text(encoding="utf-8")
+    nb = jupytext.read(files["notebook"], fmt="py:percent")
     nb.metadata.pop("jupytext", None)
     exercises = [e.name for e in lesson.exercises]
     pending, seen, cells = grade_cells(lesson), set(), []
@@ -290,7 +293,7 @@ def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_sou
             continue
         name = match.group(1)
         if name not in exercises or name in seen:
-            raise ValueError(f"{jupytext_path(lesson).name}: cell {index} names {name!r}; each exercise of lesson "
+            raise ValueError(f"{files['notebook'].name}: cell {index} names {name!r}; each exercise of lesson "
                              f"{lesson.lesson_id} {exercises} needs exactly one exercise cell")
         seen.add(name)
         cell.source = solution_cell(name, stub_source, reference_source)
@@ -302,7 +305,7 @@ def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_sou
             cells.append(grade)
         pending = [p for p in pending if not p[0] <= seen]
     if pending:
-        raise ValueError(f"{jupytext_path(lesson).name}: no exercise cell for {sorted(set(exercises) - seen)}")
+        raise ValueError(f"{files['notebook'].name}: no exercise cell for {sorted(set(exercises) - seen)}")
     nb.cells = cells
     path = source_path(lesson, course_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -313,7 +316,7 @@ def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_sou
 
 def notebook_lessons() -> list[Lesson]:
     """Every lesson with a notebook source in notebooks/lessons/."""
-    return [lesson for _, lesson in sorted(LESSONS.items()) if jupytext_path(lesson).is_file()]
+    return [lesson for _, lesson in sorted(LESSONS.items()) if lesson.files()["notebook"].is_file()]
 
 
 def generate_release(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR) -> Path:

@@ -16,7 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Mapping, Optional, Sequence
 
-from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR, load_implementation
+from course.implementations import load_implementation
+from course.layout import lesson_files
 
 from .catalogue import Mistake
 
@@ -109,31 +110,12 @@ class Lesson:
 
     @property
     def module_file(self) -> str:
-        return f"{self.module}.py"
-
-    @property
-    def lesson_file(self) -> str:
-        return f"{self.name}.md"
+        """The exercise module's file name, the same in impl/, the reference and a submission directory."""
+        return self.files()["stub"].name
 
     def files(self) -> dict[str, Path]:
-        """Every file of the lesson, by role, as absolute paths: the one place a lesson's layout is spelled
-        (the scaffold writes these, the notebooks and the syllabus read them)."""
-        package = REPO_ROOT / "course" / "checks" / f"lesson{self.lesson_id}"
-        return {
-            "lesson text (en)": REPO_ROOT / "course" / "lessons" / self.lesson_file,
-            "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / self.lesson_file,
-            "stub": STUDENT_DIR / self.module_file,
-            "reference": REFERENCE_DIR / self.module_file,
-            "descriptor": package / "__init__.py",
-            "checks": package / "checks.py",
-            "mistakes": package / "mistakes.py",
-            "equivalent mutants": package / "equivalent_mutants.py",
-            "test": REPO_ROOT / "tests" / f"test_lesson{self.lesson_id}_{self.module}.py",
-            "notebook": REPO_ROOT / "notebooks" / "lessons" / f"{self.name}.py",
-            "notebook source": REPO_ROOT / "notebooks" / "source" / self.name / f"{self.name}.ipynb",
-            "notebook release": REPO_ROOT / "notebooks" / "release" / self.name / f"{self.name}.ipynb",
-            **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in self.labs},
-        }
+        """Every file of the lesson, by role, as absolute paths (see ``lesson_files``)."""
+        return lesson_files(self.lesson_id, self.slug, self.module, self.labs)
 
     def load(self, impl: str = "student", impl_dir: Optional[str] = None) -> ModuleType:
         """The lesson's module from impl/ ("student"), the reference, or a submission directory."""
@@ -196,10 +178,6 @@ def run_check(check: Check, module: ModuleType) -> CheckResult:
 def grade(lesson: Lesson, module: ModuleType, exercises: Optional[list[str]] = None) -> list[CheckResult]:
     return [run_check(c, module) for c in lesson.checks if exercises is None or c.exercise in exercises]
 
-
-def exercise_status(results: list[CheckResult]) -> str:
-    statuses = {r.status for r in results}
-    return FAIL if FAIL in statuses else TODO if TODO in statuses else PASS
 
 
 # --- comparisons with ACTUAL vs EXPECTED messages -------------------------------------------

@@ -1,0 +1,35 @@
+"""Where every file of a lesson lives: the one place a lesson's layout is spelled. The grader's ``Lesson.files()``,
+the scaffold (``python -m course new-lesson``, before the lesson exists), the notebooks and the syllabus read it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"   # the nbgrader course directory
+
+# Roles of ``lesson_files`` that ``python -m course release`` generates: nobody writes them by hand.
+GENERATED_FILES = ("notebook source", "notebook release")
+
+
+def lesson_files(lesson_id: str, slug: str, module: str, labs: Sequence[str] = ()) -> dict[str, Path]:
+    """Every file of a lesson, by role, as absolute paths: the one place a lesson's layout is spelled (the
+    scaffold writes these before the lesson exists, the notebooks and the syllabus read them)."""
+    name = f"{lesson_id}_{slug}"
+    package = REPO_ROOT / "course" / "checks" / f"lesson{lesson_id}"
+    return {
+        "lesson text (en)": REPO_ROOT / "course" / "lessons" / f"{name}.md",
+        "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / f"{name}.md",
+        "stub": STUDENT_DIR / f"{module}.py",
+        "reference": REFERENCE_DIR / f"{module}.py",
+        "descriptor": package / "__init__.py",
+        "checks": package / "checks.py",
+        "mistakes": package / "mistakes.py",
+        "equivalent mutants": package / "equivalent_mutants.py",
+        "test": REPO_ROOT / "tests" / f"test_lesson{lesson_id}_{module}.py",
+        "notebook": NOTEBOOKS_DIR / "lessons" / f"{name}.py",
+        "notebook source": NOTEBOOKS_DIR / "source" / name / f"{name}.ipynb",
+        "notebook release": NOTEBOOKS_DIR / "release" / name / f"{name}.ipynb",
+        **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in labs},
+    }
