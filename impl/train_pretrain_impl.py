@@ -5,6 +5,8 @@
     python impl/train_pretrain_impl.py --impl reference --metrics_json out/metrics.json --eval_interval 20
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_48_resume.pth
+    python impl/train_pretrain_impl.py --impl reference --preset minimind --data_path ../minimind/dataset/pretrain_t2t_mini.jsonl \
+        --tokenizer_path ../minimind/model                                   # upstream's pretrain run
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
         impl/train_pretrain_impl.py --impl reference --preset tiny             # DDP: 2 processes (lesson 14 §8)
 
@@ -31,6 +33,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from tqdm import tqdm
 
 from course.implementations import add_impl_arguments, load_implementation
+from course.input_errors import InputError, refuse, refusing_input_errors
 from course.minimind import TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, PretrainDataset
 from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_tokenizer, build_training
@@ -49,12 +52,20 @@ MAX_SEQ_LEN = 128     # holds 72 % of the stories corpus's texts whole (bos + by
 
 
 # --preset: the defaults of everything below. "stories" learns visibly in about 3 minutes on 2 CPU cores;
-# "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the stories corpus.
+# "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the stories corpus;
+# "minimind" is upstream's pretrain run (trainer/train_pretrain.py's defaults) on upstream's data and tokenizer,
+# which it cannot default to. max_seq_len is 768, what upstream's README recommends for pretrain_t2t_mini.jsonl
+# (its trainer's default is 340).
+TINY_MODEL = dict(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0)
 PRESETS = {
-    "stories": dict(epochs=1, batch_size=8, accumulation_steps=2, log_interval=100, learning_rate=LEARNING_RATE,
-                    max_seq_len=MAX_SEQ_LEN, data_path=str(STORIES_CORPUS), val_fraction=0.05),
-    "tiny": dict(epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
+    "stories": dict(TINY_MODEL, epochs=1, batch_size=8, accumulation_steps=2, log_interval=100,
+                    learning_rate=LEARNING_RATE, max_seq_len=MAX_SEQ_LEN, data_path=str(STORIES_CORPUS),
+                    val_fraction=0.05),
+    "tiny": dict(TINY_MODEL, epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
                  max_seq_len=64, data_path=str(TINY_CORPUS), val_fraction=0.0),
+    "minimind": dict(hidden_size=768, num_hidden_layers=8, epochs=2, batch_size=32, accumulation_steps=8,
+                     learning_rate=5e-4, max_seq_len=768, log_interval=100, save_interval=1000, data_path=None,
+                     val_fraction=0.0),
 }
 
 
@@ -64,12 +75,12 @@ def parse_args(argv=None):
     parser = oracle_parser()  # upstream's flags
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("--preset", choices=sorted(PRESETS), default="stories",
-                        help="defaults: stories (the built-in stories corpus, with validation) or tiny "
-                             "(lessons 14-16's tiny corpus, no validation); explicit flags override them")
+                        help="defaults: stories (the built-in stories corpus, with validation), tiny "
+                             "(lessons 14-16's tiny corpus, no validation) or minimind (upstream's pretrain "
+                             "configuration; needs --data_path and --tokenizer_path); explicit flags override them")
     parser.add_argument("--val_fraction", type=float,
                         help="share of the data (its last lines) held out for validation; 0: no validation")
-    parser.set_defaults(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0,
-                        **PRESETS[preset.parse_known_args(argv)[0].preset])
+    parser.set_defaults(**PRESETS[preset.parse_known_args(argv)[0].preset])
     add_impl_arguments(parser, "train_loop.py and checkpoint.py")
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))
     # Lesson 15. --save_interval (upstream's flag) counts micro-steps; 0 writes no resume checkpoint.
@@ -89,6 +100,9 @@ def parse_args(argv=None):
     parser.add_argument("--metrics_json", default=None, metavar="PATH",
                         help="write train/val loss curves, tokens/s and the samples to this json file")
     args = parser.parse_args(argv)
+    if args.preset == "minimind" and (args.data_path is None or args.tokenizer_path is None):
+        raise InputError("--preset minimind trains on upstream's inputs: give --data_path (e.g. "
+                         "../minimind/dataset/pretrain_t2t_mini.jsonl) and --tokenizer_path (e.g. ../minimind/model)")
     for name in ("epochs", "batch_size", "accumulation_steps", "log_interval", "max_seq_len", "eval_interval",
                  "eval_batches", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -162,6 +176,7 @@ def out_file(args, suffix: str) -> Path:
     return Path(args.out_dir) / f"pretrain_{args.hidden_size}{moe}{suffix}"
 
 
+@refusing_input_errors
 def main(argv=None) -> int:
     """One process as before; under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) one rank of a DDP run:
     nccl with one GPU per process on CUDA, gloo on the CPU."""
@@ -181,11 +196,7 @@ def train(args) -> int:
     train_loop = load_implementation("train_loop.py", args.impl, args.impl_dir)
     checkpointing = args.resume is not None or args.save_interval > 0 or args.stop_after > 0
     ckpt = load_implementation("checkpoint.py", args.impl, args.impl_dir) if checkpointing else None
-    try:
-        tokenizer = build_tokenizer(args)
-    except ValueError as exc:
-        return refuse(exc)
-    stage = build_stage(args, train_loop, ckpt, tokenizer)
+    stage = build_stage(args, train_loop, ckpt, build_tokenizer(args))
     stop_error = stage.plan.stop_error(args.stop_after)
     if stop_error:
         return refuse(stop_error)
@@ -397,13 +408,6 @@ def report_todo(stage: Stage, exc: NotImplementedError) -> int:
         print(f"TODO: {exc}\nFill in {path} (lesson {lesson} §5), then run `python -m course check {lesson}`.",
               file=sys.stderr)
     return 1
-
-
-def refuse(error) -> int:
-    """Print the error once (rank 0) and give a refused run's exit code, 2."""
-    if is_main_process():
-        print(f"error: {error}", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from course.implementations import load_implementation
+from course.input_errors import refusing_input_errors
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
                              MiniMindForCausalLM, PretrainDataset, get_lr, setup_seed)
 from course.minimind.tokenizer import load_tokenizer
@@ -122,6 +123,7 @@ def parse_args(argv=None):
     return args
 
 
+@refusing_input_errors
 def main(argv=None) -> None:
     args = parse_args(argv)
     pieces = loop_pieces(args.impl, args.impl_dir)
@@ -219,4 +221,4 @@ def trace(args, pieces: LoopPieces) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,12 +7,15 @@ byte-offset index (``JsonlTexts``), so a multi-GB pretrain jsonl does not have t
 """
 from __future__ import annotations
 
+import codecs
 import json
 from array import array
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
+
+from course.input_errors import InputError
 
 from .model import IGNORE_INDEX
 from .tokenizer import ByteTokenizer
@@ -25,29 +28,32 @@ def parse_text(line: bytes, where: str) -> str:
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ValueError(f"{where}: not valid UTF-8") from None
+        raise InputError(f"{where}: not valid UTF-8") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON ({exc.msg})") from None
+        raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise ValueError(f'{where}: expected an object with a string "text" field')
+        raise InputError(f'{where}: expected an object with a string "text" field')
     return record["text"]
 
 
 def jsonl_records(path):
     """Yield ``(byte offset, text)`` for every non-blank line, checking each one; a bad line raises
-    with file and line number, an empty file with its name."""
+    with file and line number, an empty file with its name. A UTF-8 BOM opening the file is skipped, as
+    upstream's reader (``datasets.load_dataset('json')``) skips it; anywhere else it is a bad line."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"data_path {str(path)!r} does not exist or is not a file")
+        raise InputError(f"--data_path {str(path)!r}: no such file")
     offset, found = 0, False
     with path.open("rb") as handle:
         for line_no, line in enumerate(handle, start=1):
+            start, offset = offset, offset + len(line)
+            if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                line, start = line[len(codecs.BOM_UTF8):], start + len(codecs.BOM_UTF8)
             if line.strip():
                 found = True
-                yield offset, parse_text(line, f"{path}:{line_no}")
-            offset += len(line)
+                yield start, parse_text(line, f"{path}:{line_no}")
     if not found:
-        raise ValueError(f"{path}: no samples")
+        raise InputError(f"{path}: no samples")
 
 
 def read_jsonl_texts(path) -> list[str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from course.input_errors import InputError
+
 # MiniMind's model/tokenizer_config.json: (role, token) for the ids PretrainDataset needs.
 MINIMIND_SPECIAL_TOKENS = {"pad_token": "<|endoftext|>", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 
@@ -90,7 +92,7 @@ class JsonTokenizer(TokenizerCall):
         for role, token in special_tokens.items():
             token_id = tokenizer.token_to_id(token)
             if token_id is None:
-                raise ValueError(f"--tokenizer_path {str(path)!r}: no {role} {token!r} in its vocabulary "
+                raise InputError(f"--tokenizer_path {str(path)!r}: no {role} {token!r} in its vocabulary "
                                  f"(PretrainDataset needs pad, bos and eos)")
             setattr(self, f"{role}_id", token_id)
 
@@ -103,15 +105,24 @@ class JsonTokenizer(TokenizerCall):
 
 def special_token_names(config_path: Path) -> dict[str, str]:
     """bos/eos/pad from a ``tokenizer_config.json`` beside the tokenizer (as AutoTokenizer reads them),
-    else MiniMind's."""
+    else MiniMind's. A role the file sets to null (no such token) is refused: PretrainDataset needs all three,
+    and upstream would fail later on a None id."""
     names = dict(MINIMIND_SPECIAL_TOKENS)
-    if config_path.is_file():
+    if not config_path.is_file():
+        return names
+    try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
-        for role in names:
-            value = config.get(role)
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                names[role] = value
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{config_path}: not a readable JSON file ({exc})") from None
+    for role in names:
+        if role not in config:
+            continue
+        value = config[role]
+        value = value.get("content") if isinstance(value, dict) else value
+        if not isinstance(value, str):
+            raise InputError(f'{config_path}: "{role}" is {json.dumps(config[role])}; PretrainDataset needs a '
+                             f'{role} name (MiniMind\'s is "{names[role]}"), or leave the field out to use it')
+        names[role] = value
     return names
 
 
@@ -123,11 +134,11 @@ def load_tokenizer(tokenizer_path=None):
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         where = "this directory has no tokenizer.json" if path.is_dir() else "no such file or directory"
-        raise ValueError(f"--tokenizer_path {str(path)!r}: {where} (give a tokenizer.json or its directory)")
+        raise InputError(f"--tokenizer_path {str(path)!r}: {where} (give a tokenizer.json or its directory)")
     from tokenizers import Tokenizer  # only runs that bring their own tokenizer need the library
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
-        raise ValueError(f"--tokenizer_path {str(file)!r}: not a tokenizer.json that tokenizers can load "
+        raise InputError(f"--tokenizer_path {str(file)!r}: not a tokenizer.json that tokenizers can load "
                          f"({exc})") from None
     return JsonTokenizer(file, tokenizer, special_token_names(file.parent / "tokenizer_config.json"))

@@ -12,12 +12,15 @@ Run it: ``python -m course.minimind.train_pretrain --epochs 1 --hidden_size 64 -
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from contextlib import nullcontext
 
 import torch
 from torch import optim
 from torch.utils.data import DataLoader
+
+from course.input_errors import InputError, refusing_input_errors
 
 from .config import MiniMindConfig
 from .dataset import TINY_CORPUS, PretrainDataset
@@ -81,7 +84,7 @@ def train_epoch(epoch, loader, iters, start_step=0, *, model, optimizer, scaler,
             current_aux_loss = res.aux_loss.item() if res.aux_loss is not None else 0.0
             current_logits_loss = current_loss - current_aux_loss
             current_lr = optimizer.param_groups[-1]["lr"]
-            eta_min = spend_time / (step - start_step) * (iters - step) / 60
+            eta_min = spend_time / max(step - start_step, 1) * (iters - step) // 60  # upstream: whole minutes
             Logger(f"Epoch:[{epoch + 1}/{args.epochs}]({step}/{iters}), loss: {current_loss:.4f}, "
                    f"logits_loss: {current_logits_loss:.4f}, aux_loss: {current_aux_loss:.4f}, "
                    f"lr: {current_lr:.8f}, epoch_time: {eta_min:.1f}min")
@@ -129,7 +132,7 @@ def build_tokenizer(args):
     tokenizer = load_tokenizer(args.tokenizer_path)
     if args.vocab_size is not None and args.vocab_size != tokenizer.vocab_size:
         source = args.tokenizer_path or "the built-in byte tokenizer"
-        raise ValueError(f"--vocab_size {args.vocab_size} differs from the tokenizer's vocabulary "
+        raise InputError(f"--vocab_size {args.vocab_size} differs from the tokenizer's vocabulary "
                          f"({tokenizer.vocab_size}, {source}); omit --vocab_size or give "
                          f"{tokenizer.vocab_size}")
     args.vocab_size = tokenizer.vocab_size
@@ -167,4 +170,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Upstream would end in a traceback; the course prints a bad data line or tokenizer as one line, exit code 2.
+    sys.exit(refusing_input_errors(main)())
