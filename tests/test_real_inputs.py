@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -19,10 +20,12 @@ from torch.utils.data import DataLoader
 
 from course.checks.framework import expect_close, expect_equal
 from course.implementations import REPO_ROOT, load_module
+from course.input_errors import InputError, refusing_input_errors
 from course.minimind import TINY_CORPUS, JsonlTexts, PretrainDataset, load_tokenizer, read_jsonl_texts
 from course.minimind import train_pretrain
 
 STAGE = load_module(REPO_ROOT / "impl" / "train_pretrain_impl.py", "test_real_inputs_stage")
+TRACE_LAB = load_module(REPO_ROOT / "labs" / "lesson14_trace_pretrain_step.py", "test_real_inputs_trace_lab")
 BENCH = load_module(REPO_ROOT / "labs" / "bench_lesson14_streaming.py", "test_real_inputs_bench")
 SPECIAL = {"pad_token": "<|endoftext|>", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 BPE_VOCAB = 512
@@ -192,6 +195,89 @@ def test_a_bad_line_raises_with_file_and_line(tmp_path, bad, message):
     path.write_bytes(b'{"text": "ok"}\n\n' + bad + b"\n")
     with pytest.raises(ValueError, match=message):
         PretrainDataset(path, max_length=16)
+
+
+def test_a_bom_opening_the_file_is_skipped_by_every_reader(tmp_path):
+    """Upstream reads with datasets.load_dataset('json'), which skips a UTF-8 BOM at the start of the file."""
+    plain, with_bom = tmp_path / "plain.jsonl", tmp_path / "bom.jsonl"
+    plain.write_bytes(b'{"text": "first"}\n{"text": "second"}\n')
+    with_bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    expect_equal("read_jsonl_texts with a BOM", read_jsonl_texts(with_bom), ["first", "second"])
+    expect_equal("JsonlTexts with a BOM (reads by seeking)", list(JsonlTexts(with_bom)), ["first", "second"])
+    expected, actual = PretrainDataset(plain, max_length=16), PretrainDataset(with_bom, max_length=16)
+    for index in range(len(expected)):
+        for name, got, want in zip(("input_ids", "labels"), actual[index], expected[index]):
+            assert torch.equal(got, want), f"sample {index} {name}: ACTUAL {got} EXPECTED {want}"
+    later = tmp_path / "later.jsonl"
+    later.write_bytes(b'{"text": "first"}\n\xef\xbb\xbf{"text": "second"}\n')
+    with pytest.raises(InputError, match=r"later\.jsonl:2: not valid JSON"):
+        read_jsonl_texts(later)
+
+
+# entry point: (what follows `python`, its flags for a small run)
+ENTRY_POINTS = {
+    "oracle": (["-m", "course.minimind.train_pretrain"], ["--epochs", "1"] + TINY_MODEL),
+    "stage": (["impl/train_pretrain_impl.py"], ["--impl", "reference", "--preset", "tiny"]),
+    "trace_lab": (["labs/lesson14_trace_pretrain_step.py"], []),
+}
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_a_bad_line_ends_each_entry_point_with_one_line(tmp_path, entry_point):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n\n{not json\n')
+    command, flags = ENTRY_POINTS[entry_point]
+    proc = subprocess.run([sys.executable, *command, *flags, "--data_path", str(path)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    expect_equal(f"{entry_point} exit code", proc.returncode, 2)
+    expect_equal(f"{entry_point} stderr", proc.stderr.splitlines(),
+                 [f"error: {path}:3: not valid JSON (Expecting property name enclosed in double quotes)"])
+
+
+@pytest.mark.parametrize("entry_point", ["oracle", "stage", "trace_lab"])
+def test_a_missing_tokenizer_ends_each_entry_point_naming_the_path(tmp_path, capsys, entry_point):
+    """The mains as their command lines run them (the oracle's wrapped in its ``__main__`` block)."""
+    main = {"oracle": refusing_input_errors(train_pretrain.main), "stage": STAGE.main,
+            "trace_lab": TRACE_LAB.main}[entry_point]
+    missing = tmp_path / "no_tokenizer"
+    flags = ENTRY_POINTS[entry_point][1]
+    expect_equal(f"{entry_point} exit code", main([*flags, "--tokenizer_path", str(missing)]), 2)
+    expect_equal(f"{entry_point} stderr", capsys.readouterr().err.splitlines(),
+                 [f"error: --tokenizer_path {str(missing)!r}: no such file or directory (give a tokenizer.json "
+                  f"or its directory)"])
+
+
+@pytest.mark.parametrize("value", [None, {"content": None}], ids=["null", "content_null"])
+@pytest.mark.parametrize("role", SPECIAL)
+def test_a_null_special_token_is_refused_naming_field_and_file(bpe_dir, tmp_path, role, value):
+    """AutoTokenizer would give a None id for it; upstream's dataset then fails on [None] + tokens."""
+    (tmp_path / "tokenizer.json").write_bytes((bpe_dir / "tokenizer.json").read_bytes())
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(json.dumps({**SPECIAL, role: value}), encoding="utf-8")
+    with pytest.raises(InputError, match=rf'^{re.escape(str(config))}: "{role}" is {re.escape(json.dumps(value))}; '):
+        load_tokenizer(tmp_path)
+
+
+def test_preset_minimind_is_upstreams_pretrain_configuration(tmp_path):
+    args = STAGE.parse_args(["--preset", "minimind", "--data_path", "data.jsonl", "--tokenizer_path", "model"])
+    upstream = train_pretrain.build_parser().parse_args([])  # the oracle's copy of upstream's CLI defaults
+    for name in ("epochs", "batch_size", "learning_rate", "accumulation_steps", "grad_clip", "log_interval",
+                 "save_interval", "hidden_size", "num_hidden_layers", "use_moe", "dtype"):
+        expect_equal(f"--preset minimind {name} vs upstream's default", getattr(args, name), getattr(upstream, name))
+    # Upstream's trainer defaults to 340; its README recommends max_seq_len≈768 for pretrain_t2t_mini.jsonl.
+    expect_equal("--preset minimind max_seq_len", args.max_seq_len, 768)
+    expect_equal("--preset minimind val_fraction (upstream holds nothing out)", args.val_fraction, 0.0)
+    expect_equal("--preset minimind data_path, tokenizer_path", (args.data_path, args.tokenizer_path),
+                 ("data.jsonl", "model"))
+
+
+@pytest.mark.parametrize("given", [[], ["--tokenizer_path", "model"], ["--data_path", "data.jsonl"]],
+                         ids=["neither", "no_data_path", "no_tokenizer_path"])
+def test_preset_minimind_without_upstreams_inputs_is_one_line(capsys, given):
+    expect_equal("exit code", STAGE.main(["--impl", "reference", "--preset", "minimind", *given]), 2)
+    expect_equal("stderr", capsys.readouterr().err.splitlines(),
+                 ["error: --preset minimind trains on upstream's inputs: give --data_path (e.g. "
+                  "../minimind/dataset/pretrain_t2t_mini.jsonl) and --tokenizer_path (e.g. ../minimind/model)"])
 
 
 def peak_python_bytes(action) -> int:
