@@ -42,7 +42,7 @@ def jsonl_records(path):
     upstream's reader (``datasets.load_dataset('json')``) skips it; anywhere else it is a bad line."""
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"--data_path {str(path)!r}: no such file")
+        raise InputError(f"data_path {str(path)!r}: {'not a file' if path.exists() else 'no such file'}")
     offset, found = 0, False
     with path.open("rb") as handle:
         for line_no, line in enumerate(handle, start=1):
