@@ -6,6 +6,7 @@
     python -m course check 14 --json              # machine-readable
     python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
     python -m course check 14 --only cosine_lr    # only these exercises (repeat it, or a comma list)
+    python -m course hint 14 cosine_lr            # the next hint for one exercise (remembered locally)
     python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mistakes 14                  # the typical mistakes the checks catch
     python -m course mutants 14                   # automatic mutants of the reference the checks miss
@@ -20,16 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Optional
 
-from .checks import LESSONS, get_lesson
+from .checks import LESSONS, get_lesson, hints
 from .checks.assignments import NOTEBOOKS_DIR, release_all
 from .checks.catalogue import verify
 from .checks.framework import PASS, TODO
+from .checks.mutants import analyse, score_line, status_of
 from .checks.results import SKIP, describe, grade_exercises
 from .implementations import REPO_ROOT
-from .checks.mutants import analyse, score_line, status_of
 from .scaffold import new_lesson
 
 
@@ -63,6 +65,7 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
     core = [e for e in exercises if not e["optional"]]
     optional = [e for e in exercises if e["optional"]]
     return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only, "exercises": exercises,
+            "hints_used": hints.used(lesson_id),
             "passed": sum(e["status"] == PASS for e in core), "total": len(core),
             "optional": {"graded": all(e["status"] != SKIP for e in optional),
                          "passed": sum(e["status"] == PASS for e in optional), "total": len(optional)}}
@@ -86,6 +89,9 @@ def print_table(report: dict, lesson_text: str) -> None:
         if e["status"] not in (PASS, SKIP):
             for line in e["message"].splitlines()[:8]:
                 print(f"      {line}")
+    if report["hints_used"]:
+        count = len(hints.LEVELS)
+        print("  hints used: " + ", ".join(f"{name} {level}/{count}" for name, level in report["hints_used"].items()))
     core = [e for e in report["exercises"] if not e["optional"]]
     print(f"  total: {_counts(core, report['passed'], report['total'])}"
           f"  (lesson text: {lesson_text})")
@@ -126,6 +132,27 @@ def cmd_check(args) -> int:
         for report in reports:
             print_table(report, relative(get_lesson(args.lesson).files()["lesson text (en)"]))
     return 0 if all(r["passed"] == r["total"] for r in reports) else 1
+
+
+def cmd_hint(args) -> int:
+    """Show the exercise's next hint (or the last one again) and remember it."""
+    lesson = get_lesson(args.lesson)
+    try:
+        if args.reset:
+            hints.reset(lesson.lesson_id, lesson.exercise(args.exercise).name)
+            print(f"hints of {args.exercise} reset: the next one is hint 1 ({hints.LEVELS[0]})")
+            return 0
+        level, text = hints.next_hint(lesson.lesson_id, lesson.hints, args.exercise, again=args.again)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    count = len(hints.LEVELS)
+    print(f"Lesson {lesson.lesson_id}, {args.exercise}: hint {level} of {count} ({hints.LEVELS[level - 1]})\n")
+    print(textwrap.indent(textwrap.fill(text, width=100), "  "))
+    more = (f"python -m course hint {lesson.lesson_id} {args.exercise} shows hint {level + 1} "
+            f"({hints.LEVELS[level]})" if level < count else "that was the last hint")
+    print(f"\nnext: {more}; python -m course check {lesson.lesson_id} --only {args.exercise} grades it")
+    return 0
 
 
 def cmd_align(args) -> int:
@@ -264,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="grade only these exercises (repeat it or separate names by commas; an optional "
                             "exercise named here is graded, still never in the exit code)")
     check.set_defaults(func=cmd_check)
+    hint = sub.add_parser("hint", help="show the next hint of an exercise (the idea, where to look, the rule, "
+                                       "a near-solution)")
+    hint.add_argument("lesson", choices=sorted(LESSONS))
+    hint.add_argument("exercise", help="the exercise, e.g. cosine_lr")
+    hint.add_argument("--again", action="store_true", help="show the last hint again instead of the next one")
+    hint.add_argument("--reset", action="store_true", help="forget the hints shown for this exercise")
+    hint.set_defaults(func=cmd_hint)
     align = sub.add_parser("align", help="print a lesson's alignment report and compare it with the reference's")
     align.add_argument("lesson", choices=sorted(LESSONS))
     align.add_argument("--impl", choices=["student", "reference"], default="student")

@@ -27,6 +27,7 @@ def lesson_files(lesson_id: str, slug: str, module: str, labs: Sequence[str] = (
         "checks": package / "checks.py",
         "mistakes": package / "mistakes.py",
         "equivalent mutants": package / "equivalent_mutants.py",
+        "hints": package / "hints.py",
         "test": REPO_ROOT / "tests" / f"test_lesson{lesson_id}_{module}.py",
         "notebook": NOTEBOOKS_DIR / "lessons" / f"{name}.py",
         "notebook source": NOTEBOOKS_DIR / "source" / name / f"{name}.ipynb",

@@ -26,7 +26,7 @@ in ``equivalent_mutants``.
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, mistakes
+from . import checks, equivalent_mutants, hints, mistakes
 
 LESSON = Lesson(
     lesson_id="{id}",
@@ -40,6 +40,7 @@ LESSON = Lesson(
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
+    hints=hints.HINTS,
     labs=(),
     notebook_mistake="{todo}: a catalogued mistake that only a hidden check catches",
 )
@@ -194,6 +195,19 @@ EQUIVALENT_MUTANTS: dict[str, str] = {{
 '''
 
 
+HINTS = '''"""Lesson {id}'s hint ladder (``python -m course hint {id} EXERCISE``; collapsed in the notebook)."""
+
+HINTS: dict[str, tuple[str, ...]] = {{
+    "first_exercise": (
+        "{todo}: the idea, without the answer",
+        "{todo}: where to look in the oracle (course/minimind/...)",
+        "{todo}: the rule the checks grade",
+        "{todo}: a near-solution",
+    ),
+}}
+'''
+
+
 # The template of each role of ``Lesson.files()`` a new lesson starts from: all but the generated notebooks
 # (layout.GENERATED_FILES); tests/test_lessons_complete.py counts them.
 TEMPLATES = {
@@ -205,6 +219,7 @@ TEMPLATES = {
     "checks": CHECKS,
     "mistakes": MISTAKES,
     "equivalent mutants": EQUIVALENT_MUTANTS,
+    "hints": HINTS,
     "test": TEST,
     "notebook": NOTEBOOK,
 }

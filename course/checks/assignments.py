@@ -34,6 +34,7 @@ from course.layout import NOTEBOOKS_DIR
 
 from . import LESSONS, get_lesson
 from .framework import Lesson
+from .hints import notebook_cell
 
 EXERCISE_CELL = re.compile(r"^# exercise: (\w+)\s*$")
 
@@ -299,6 +300,10 @@ def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_sou
         cell.source = solution_cell(name, stub_source, reference_source)
         cell.metadata["nbgrader"] = _nbgrader_metadata(name, solution=True)
         cell.id = name
+        if name in lesson.hints:
+            hint = nbformat.v4.new_markdown_cell(notebook_cell(name, lesson.hints[name]))
+            hint.id = f"hints-{name}"
+            cells.append(hint)
         for needs, grade_id, source, points in [p for p in pending if p[0] <= seen]:
             grade = nbformat.v4.new_code_cell(source, metadata={"nbgrader": _nbgrader_metadata(grade_id, points=points)})
             grade.id = grade_id

@@ -20,6 +20,7 @@ from course.implementations import load_implementation
 from course.layout import lesson_files
 
 from .catalogue import Mistake
+from .hints import validate as validate_hints
 
 PASS, FAIL, TODO = "PASS", "FAIL", "TODO"
 
@@ -81,6 +82,7 @@ class Lesson:
     mistakes: Sequence[Mistake] = ()    # wrong variants, each FAILS the check it names
     equivalents: Sequence[Mistake] = ()  # equivalent variants, each PASSES every check
     equivalent_mutants: Mapping[str, str] = field(default_factory=dict)  # mutant key -> why no check can fail it
+    hints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # exercise -> its hint ladder (hints.py)
     labs: tuple[str, ...] = ()          # scripts under labs/
     notebook_mistake: str = ""          # a catalogued mistake only a hidden check catches (autograde test)
     report: Optional[Callable[[ModuleType], list[str]]] = None   # ``python -m course align`` lines
@@ -96,6 +98,7 @@ class Lesson:
         for c in self.checks:
             for name in (c.exercise, *c.uses):
                 self.exercise(name)
+        validate_hints(self.lesson_id, self.hints, self.exercises)
         names = [c.name for c in self.checks]
         doubled = sorted({n for n in names if names.count(n) > 1})
         if doubled:

@@ -6,7 +6,7 @@ student's test, ``extensions`` the optional §10), the mistake catalogue in ``mi
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, extensions, loop, mistakes, test_writing
+from . import checks, equivalent_mutants, extensions, hints, loop, mistakes, test_writing
 
 LESSON = Lesson(
     lesson_id="14",
@@ -31,6 +31,7 @@ LESSON = Lesson(
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
+    hints=hints.HINTS,
     labs=("lesson14_trace_pretrain_step.py", "lesson14_adamw_scale.py", "lesson14_predictions.py",
           "bench_lesson14_grader.py", "bench_lesson14_streaming.py", "lesson14_fix_upstream.py"),
     notebook_mistake="clip_before_unscale",

@@ -6,7 +6,7 @@ The checks live beside it (``checks`` shared helpers and SkipBatchSampler, ``sav
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, loading, mistakes, resume, saving
+from . import checks, equivalent_mutants, hints, loading, mistakes, resume, saving
 
 LESSON = Lesson(
     lesson_id="15",
@@ -23,6 +23,7 @@ LESSON = Lesson(
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
+    hints=hints.HINTS,
     labs=("lesson15_resume.py", "lesson15_checkpoint_size.py"),
     notebook_mistake="non_atomic_write",
 )

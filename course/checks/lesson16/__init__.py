@@ -7,7 +7,7 @@ catalogue in ``mistakes``.
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, migration, mistakes, session, session_runtime, test_writing
+from . import checks, equivalent_mutants, hints, migration, mistakes, session, session_runtime, test_writing
 
 LESSON = Lesson(
     lesson_id="16",
@@ -26,6 +26,7 @@ LESSON = Lesson(
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
+    hints=hints.HINTS,
     labs=("lesson16_mean_of_means.py", "lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py",
           "bench_lesson16_session.py"),
     notebook_mistake="clip_before_unscale",
