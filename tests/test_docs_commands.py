@@ -62,7 +62,7 @@ def test_chinese_twin_has_the_same_commands(english):
 
 
 @pytest.mark.parametrize("source,command", all_commands(), ids=lambda v: v if len(v) < 70 else v[:67] + "...")
-def test_command_runs(source, command):
+def test_command_runs(source, command, tmp_path):
     match = EXPECT.search(command)
     expected_rc = int(match.group(1)) if match else 0
     command = EXPECT.sub("", command)
@@ -70,7 +70,7 @@ def test_command_runs(source, command):
         ci = (ROOT / ".ci" / "run").read_text()
         assert RUN_BY_CI[command] in ci, f"{source}: {command!r} should be what .ci/run runs; .ci/run:\n{ci}"
         return
-    env = dict(os.environ, MPLBACKEND="Agg")
+    env = dict(os.environ, MPLBACKEND="Agg", MINIMIND_COURSE_HINTS=str(tmp_path / "hints.json"))  # not yours
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
