@@ -12,6 +12,14 @@ from ..framework import check, expect_close, expect_equal, expect_raises, expect
 from .checks import LR_RTOL
 from .loop import hint
 
+
+def valid_call(what: str, fn):
+    """``fn()`` on valid arguments (a boundary such as iters = 1 included): a ValueError is a failure."""
+    try:
+        return fn()
+    except ValueError as exc:
+        fail(f"{what} (valid arguments)", f"ValueError: {exc}", "a result, no error")
+
 # --- accumulation_divisor (§10.1) ----------------------------------------------------------------
 
 # One epoch of 6 micro-batches with K=4: a full window (micro-steps 1-4) and a tail of r=2 (5-6).
@@ -25,8 +33,9 @@ def accumulation_divisor_is_k_then_r(impl):
     cases = [((6, 4), [4, 4, 4, 4, 2, 2]), ((8, 4), [4] * 8), ((3, 8), [3, 3, 3]), ((5, 1), [1] * 5),
              ((7, 3), [3, 3, 3, 3, 3, 3, 1]), ((1, 4), [1])]
     for (iters, k), expected in cases:
-        expect_equal(f"[accumulation_divisor(step, iters={iters}, K={k}) for step in 1..{iters}]",
-                     [impl.accumulation_divisor(step, iters, k) for step in range(1, iters + 1)], expected)
+        what = f"[accumulation_divisor(step, iters={iters}, K={k}) for step in 1..{iters}]"
+        expect_equal(what, valid_call(what, lambda: [impl.accumulation_divisor(step, iters, k)
+                                                     for step in range(1, iters + 1)]), expected)
 
 
 def window_gradients(model, batches, divisor) -> list[dict]:
@@ -97,9 +106,9 @@ def lr_per_update_follows_the_update_count(impl):
         for epoch in range(epochs):
             for step in range(1, iters + 1):
                 update = epoch * per_epoch + -(-step // k)
-                expect_close(f"lr_per_update(epoch={epoch}, step={step}, iters={iters}, epochs={epochs}, K={k}) "
-                             f"(update {update} of {epochs * per_epoch})",
-                             impl.lr_per_update(epoch, step, iters, epochs, k, base_lr),
+                what = (f"lr_per_update(epoch={epoch}, step={step}, iters={iters}, epochs={epochs}, K={k}) "
+                        f"(update {update} of {epochs * per_epoch})")
+                expect_close(what, valid_call(what, lambda: impl.lr_per_update(epoch, step, iters, epochs, k, base_lr)),
                              get_lr(update, epochs * per_epoch, base_lr), rtol=LR_RTOL)
 
 
@@ -120,9 +129,9 @@ def update_cadence_counts_updates(impl):
     cases = [((10, 2, 2), [4, 8, 10]), ((10, 4, 1), [4, 8, 10]), ((12, 4, 2), [8, 12]), ((7, 1, 3), [3, 6, 7]),
              ((3, 8, 5), [3]), ((16, 4, 3), [12, 16]), ((1, 4, 2), [1])]
     for (iters, k, interval), expected in cases:
-        expect_equal(f"micro-steps 1..{iters} where update_cadence_due(step, iters={iters}, K={k}, "
-                     f"interval={interval})",
-                     [s for s in range(1, iters + 1) if impl.update_cadence_due(s, iters, k, interval)], expected)
+        what = f"micro-steps 1..{iters} where update_cadence_due(step, iters={iters}, K={k}, interval={interval})"
+        expect_equal(what, valid_call(what, lambda: [s for s in range(1, iters + 1)
+                                                     if impl.update_cadence_due(s, iters, k, interval)]), expected)
 
 
 @check("update_cadence_due")
@@ -195,8 +204,8 @@ def warmup_cosine_lr_ramps_then_follows_get_lr(impl):
     W = 0 is get_lr itself."""
     for total, warmup, base_lr in [(20, 5, 5e-4), (100, 10, 1.0), (7, 1, 1e-3), (12, 0, 2.0), (3, 2, 1.0), (1, 0, 1.0)]:
         for step in range(total + 1):
-            expect_close(f"warmup_cosine_lr({step}, total_steps={total}, base_lr={base_lr}, warmup_steps={warmup})",
-                         impl.warmup_cosine_lr(step, total, base_lr, warmup),
+            what = f"warmup_cosine_lr({step}, total_steps={total}, base_lr={base_lr}, warmup_steps={warmup})"
+            expect_close(what, valid_call(what, lambda: impl.warmup_cosine_lr(step, total, base_lr, warmup)),
                          _warmup_cosine(step, total, base_lr, warmup), rtol=LR_RTOL, atol=1e-15)
     for step, expected in [(0, 0.0), (10, 1.0), (100, 0.1)]:
         expect_close(f"warmup_cosine_lr({step}, 100, 1.0, 10) (endpoint)", impl.warmup_cosine_lr(step, 100, 1.0, 10),

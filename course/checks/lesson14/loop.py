@@ -53,7 +53,8 @@ def compare_runs(scenario: LoopScenario, actual, expected) -> None:
         with hint(aux_backward_hint(aux, want["aux_loss"], expected.records)):
             expect_close(f"{at}: aux_loss", aux, want["aux_loss"], rtol=LOSS_RTOL, atol=1e-8)
         norm = _float(got["grad_norm"])
-        with hint(norm_hint(norm, want["grad_norm"], k) or aux_backward_hint(norm, want["grad_norm"], expected.records)):
+        with hint(norm_hint(norm, want["grad_norm"], k)
+                  or aux_backward_hint(norm, want["grad_norm"], expected.records)):
             expect_close(f"{at}: grad_norm before clipping", norm, want["grad_norm"], rtol=NORM_RTOL)
     if expected.scale is not None:
         expect_equal(f"{where} GradScaler scale after the run", actual.scale, expected.scale)
@@ -136,7 +137,8 @@ def update_hint(scenario: LoopScenario, records, index: int) -> str:
                and math.isfinite(r["grad_norm"]) and r["grad_norm"] > scenario.grad_clip]
     if clipped:
         causes.append(f"no clipping to grad_clip: the updates at (epoch, step) {clipped} had pre-clip norms above "
-                      f"grad_clip={scenario.grad_clip} (clip_grad_norm_(model.parameters(), grad_clip), after unscale_)")
+                      f"grad_clip={scenario.grad_clip} (clip_grad_norm_(model.parameters(), grad_clip), after "
+                      "unscale_)")
     return "all earlier records matched; likely " + " or ".join(causes) if causes else ""
 
 

@@ -216,6 +216,12 @@ MISTAKES = [
         "update_cadence_due", "    if step == iters:\n        return True\n", "", update_cadence_counts_updates),
     mistake("cadence_accepts_zero_interval", "update_cadence_due refuses a negative interval only",
         "update_cadence_due", "if interval <= 0:", "if interval < 0:", update_cadence_rejects_bad_arguments),
+    mistake("cadence_iters_checked_by_step", "update_cadence_due has no iters check: iters=0 is reported as a bad "
+        "step", "update_cadence_due",
+        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n', "",
+        update_cadence_rejects_bad_arguments),
+    mistake("warmup_rejects_one_step_run", "total_steps <= 1 refused: a run of one step is valid",
+        "warmup_cosine_lr", "if total_steps <= 0:", "if total_steps <= 1:", warmup_cosine_lr_ramps_then_follows_get_lr),
     mistake("decays_norms", "1-D parameters (norm weights) decay: only embeddings are exempt",
         "adamw_param_groups", "if param.ndim < 2 or id(param) in embeddings:", "if id(param) in embeddings:",
         adamw_param_groups_exempt_norms_and_embeddings),
