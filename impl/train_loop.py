@@ -97,11 +97,15 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
       optimizer's gradients (``scaler.unscale_``); clip with ``torch.nn.utils.clip_grad_norm_`` over
       ``model.parameters()`` and ``grad_clip``, keeping the norm it returns (the pre-clip norm);
       ``scaler.step(optimizer)``; ``scaler.update()``; clear the gradients with the optimizer's
-      ``zero_grad``, ``set_to_none=True``. Unscale BEFORE clip, or the clip sees scale x gradient.
-      The GradScaler skipped the step (inf/NaN gradients) exactly when ``update()`` lowered its scale:
-      compare ``scaler.get_scale()`` before and after (only when ``scaler.is_enabled()``).
+      ``zero_grad``, ``set_to_none=True`` (after an update every ``.grad`` is None). Unscale BEFORE clip,
+      or the clip sees scale x gradient. Clip to the ``grad_clip`` passed in, whatever its value.
+      The GradScaler skipped the step (inf/NaN gradients) exactly when ``update()`` LOWERED its scale
+      (a scale that grows after ``growth_interval`` clean updates is no skip): compare
+      ``scaler.get_scale()`` before and after (only when ``scaler.is_enabled()``).
     - After the loop, if ``should_flush_tail(last_step, start_step, accumulation_steps)`` (``last_step`` =
-      the last micro-step this call ran, ``start_step`` if none), run the same update once more.
+      the last micro-step this call ran, ``start_step`` if none), run the same update once more. The
+      loader may yield fewer than ``iters - start_step`` batches (the data ran out): the flush follows
+      the last micro-step actually run, never ``iters``.
 
     Return one dict per micro-step, in order, with keys ``step`` (1-based), ``lr`` (the lr used at that
     micro-step), ``loss`` (UNSCALED, aux included: ``out.loss + out.aux_loss``, not divided by K),
@@ -110,13 +114,13 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     ``overflow_skipped`` (bool: True iff an enabled GradScaler skipped ``optimizer.step`` there),
     ``grad_norm`` (the pre-clip norm where ``update_closed``, ``inf`` for an overflow, else None) and
     ``tail_flush`` (True only on the last record, when the tail flush closed its window). Values may be
-    Python floats or 0-dim tensors; keep detached tensors during the epoch and convert once at the end
-    (no ``.item()`` per micro-step). An epoch that runs no micro-step (a resume at ``start_step == iters``)
-    returns ``[]`` and changes nothing.
+    Python floats or 0-dim tensors; keep detached tensors during the epoch and convert once at the end:
+    no device-to-host sync (``.item()``, ``float()``, ``.tolist()``, ...) per micro-step. An epoch that
+    runs no micro-step (a resume at ``start_step == iters``) returns ``[]`` and changes nothing.
 
-    Argument rules (lesson 14 §5.7), all checked before any work: ``ValueError`` naming the argument when
-    ``accumulation_steps``, ``iters`` or ``epochs`` is <= 0, ``epoch`` is outside ``[0, epochs)`` or
-    ``start_step`` is outside ``[0, iters]``.
+    Argument rules (lesson 14 §5.7), all checked in this order before any work (before iterating the
+    loader): ``ValueError`` naming the argument (first) when ``accumulation_steps``, ``iters`` or ``epochs``
+    is <= 0, ``epoch`` is outside ``[0, epochs)`` or ``start_step`` is outside ``[0, iters]``.
     """
     raise NotImplementedError("train_one_epoch: TODO - see lesson 14 §5.5 (aligns with train_epoch)")
 

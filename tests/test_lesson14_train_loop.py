@@ -6,7 +6,8 @@ import pytest
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal, run_check
-from course.checks.lesson14.loop import loss_hint, norm_hint
+from course.checks.lesson14.loop import aux_backward_hint, loss_hint, norm_hint, update_hint
+from course.runs.scenarios import LOOP_BASE
 
 LESSON = get_lesson("14")
 # MiniMind's get_lr minus cosine_lr at six steps of a 20-step run, loss 8 over K=4, K=4 over 8 micro-steps.
@@ -30,6 +31,12 @@ def test_alignment_report(impl_module, impl_name):
     ("records_scaled_loss", "record the unscaled loss"),
     ("loss_loses_graph", "did the scaled loss lose its graph"),
     ("empty_epoch_crashes", "return [] early"),
+    ("forgets_aux_loss", "the aux loss is not in the loss"),
+    ("aux_not_in_backward", "the aux loss is not in the backward"),
+    ("stale_lr_in_tail_flush", "a stale lr in the tail flush"),
+    ("no_clipping", "no clipping to grad_clip"),
+    ("host_sync_every_micro_step", "convert them once at its end"),
+    ("epochs_checked_by_epoch", "check epochs itself"),
 ])
 def test_failures_hint_at_the_likely_cause(mistake_name, hint):
     """Numeric failures whose numbers point at a known cause say so (the mistake is built from the reference,
@@ -44,3 +51,15 @@ def test_no_hint_when_the_ratio_points_nowhere():
     """A norm off by an unrelated factor, or K = 1, gets no guess."""
     assert norm_hint(1.0, 1.1, 4) == "" and norm_hint(0.25, 1.0, 1) == "" and loss_hint(None, 8.0, 4) == ""
     assert "zeroed" in norm_hint(0.3, 1.0, 4) and "divided by K" in norm_hint(4.0, 1.0, 4)
+
+
+def test_no_cause_named_where_nothing_points_at_one():
+    """No aux loss in the run, or a large difference: no aux guess; no tail flush before and no clipped update:
+    no update guess."""
+    dense = [{"aux_loss": 0.0}]
+    moe = [{"aux_loss": 1e-3}]
+    assert aux_backward_hint(1.001, 1.0, dense) == "" and aux_backward_hint(1.5, 1.0, moe) == ""
+    assert "not in the backward" in aux_backward_hint(1.001, 1.0, moe)
+    unclipped = [{"epoch": 0, "step": 4, "update_closed": True, "tail_flush": False, "grad_norm": 0.5}]
+    assert update_hint(LOOP_BASE, unclipped, 1) == "" and update_hint(LOOP_BASE, unclipped, 0) == ""
+    assert "no clipping" in update_hint(LOOP_BASE.with_(grad_clip=0.1), unclipped, 1)

@@ -186,6 +186,25 @@ def test_reference_matches_oracle_bitwise(scenario):
             assert torch.equal(ref.optimizer_state[name][key], value), f"AdamW {key} of {name} differs"
 
 
+def test_growth_scenario_grows_the_scale_then_backs_off():
+    """The growth_interval=1 scenario really grows the scale: without the overflow both updates double it
+    (2**16 -> 2**18); with it, update 2 doubles it and the overflowed tail flush halves it back."""
+    scenario = next(s for s in LOOP_AMP_SCENARIOS if s.growth_interval == 1)
+    expect_equal("scale after two clean updates (growth_interval=1)",
+                 run_oracle(scenario.with_(overflow_at_backward=None)).scale, 2.0 ** 18)
+    hit = run_oracle(scenario)
+    expect_equal("scale after a grown update and an overflowed tail flush", hit.scale, 2.0 ** 16)
+    expect_equal("micro-steps skipped", [r["step"] for r in hit.records if r["overflow_skipped"]], [3])
+
+
+def test_short_loader_scenarios_end_before_iters():
+    """Scenarios with loader_length run exactly that many micro-steps, fewer than iters - start_step."""
+    for scenario in (s for s in LOOP_FP32_SCENARIOS if s.loader_length is not None):
+        records = run_oracle(scenario).records
+        expect_equal(f"[{scenario.name}] micro-steps run", len(records), scenario.loader_length)
+        assert scenario.loader_length < scenario.iters - scenario.start_step
+
+
 def test_injected_overflow_skips_the_step_and_halves_the_scale():
     """The GradScaler scenario really exercises the scaler: an inf gradient in micro-step 2 (window 1-4, K=4)
     makes the update at micro-step 4 skip, the scale drops from 2**16 to 2**15, and the tail flush at

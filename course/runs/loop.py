@@ -48,6 +48,8 @@ class LoopScenario:
     autocast_dtype: Optional[str] = None    # "bfloat16" or "float16"
     scaler_enabled: bool = False
     overflow_at_backward: Optional[int] = None  # 1-based backward call that gets an inf gradient
+    growth_interval: int = 2000     # GradScaler: updates without inf/NaN before the scale doubles
+    loader_length: Optional[int] = None     # batches per epoch when the data runs out early (default: all left)
     device: str = "cpu"
 
     def with_(self, **changes) -> "LoopScenario":
@@ -89,10 +91,11 @@ def full_epoch_batches(scenario: LoopScenario, epoch: int) -> tuple:
 
 
 def epoch_batches(scenario: LoopScenario, epoch: int) -> list:
-    """What the loop sees in ``epoch``: the full epoch minus the batches a resume already trained."""
+    """What the loop sees in ``epoch``: the full epoch minus the batches a resume already trained, cut to
+    ``loader_length`` batches when the scenario's data runs out early."""
     batches = full_epoch_batches(scenario, epoch)
     skip = scenario.start_step if epoch == scenario.start_epoch else 0
-    return list(batches[skip:])
+    return list(batches[skip:])[:scenario.loader_length]
 
 
 @dataclass
@@ -110,7 +113,8 @@ def training_objects(scenario: LoopScenario) -> TrainingObjects:
     model = tiny_model(scenario)
     optimizer = eager(torch.optim.AdamW)(model.parameters(), lr=scenario.base_lr)
     device_type = torch.device(scenario.device).type
-    scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled)
+    scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled,
+                                  growth_interval=scenario.growth_interval)
     autocast_ctx = (torch.autocast(device_type, dtype=getattr(torch, scenario.autocast_dtype))
                     if scenario.autocast_dtype else nullcontext())
     if scenario.overflow_at_backward is not None:

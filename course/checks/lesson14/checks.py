@@ -54,10 +54,10 @@ def cosine_lr_endpoints(impl):
 @check("cosine_lr", hidden=True)
 def cosine_lr_rejects_bad_arguments(impl):
     """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument."""
-    expect_raises("cosine_lr(0, 0, 1e-3)", lambda: impl.cosine_lr(0, 0, 1e-3), ValueError, "total_steps")
-    expect_raises("cosine_lr(0, -5, 1e-3)", lambda: impl.cosine_lr(0, -5, 1e-3), ValueError, "total_steps")
-    expect_raises("cosine_lr(-1, 10, 1e-3)", lambda: impl.cosine_lr(-1, 10, 1e-3), ValueError, "current_step")
-    expect_raises("cosine_lr(11, 10, 1e-3)", lambda: impl.cosine_lr(11, 10, 1e-3), ValueError, "current_step")
+    for args, argument in [((0, 0, 1e-3), "total_steps"), ((0, -5, 1e-3), "total_steps"),
+                           ((-1, 10, 1e-3), "current_step"), ((11, 10, 1e-3), "current_step")]:
+        expect_raises(f"cosine_lr{args}", lambda: impl.cosine_lr(*args), ValueError, argument,
+                      ("current_step", "total_steps", "base_lr"))
 
 # --- scale_loss_for_accumulation -----------------------------------------------------------
 
@@ -87,7 +87,7 @@ def scale_loss_rejects_bad_k(impl):
     for k in (0, -2):
         expect_raises(f"scale_loss_for_accumulation(loss, {k})",
                       lambda: impl.scale_loss_for_accumulation(torch.tensor(1.0), k), ValueError,
-                      "accumulation_steps")
+                      "accumulation_steps", ("loss", "accumulation_steps"))
 
 # --- should_step_optimizer -----------------------------------------------------------------
 
@@ -110,12 +110,10 @@ def should_step_at_window_ends(impl):
 @check("should_step_optimizer", hidden=True)
 def should_step_rejects_bad_arguments(impl):
     """accumulation_steps <= 0 or step <= 0 (micro-steps are 1-based) raise ValueError naming the argument."""
-    for step, k in ((4, 0), (4, -1)):
+    for step, k, argument in ((4, 0, "accumulation_steps"), (4, -1, "accumulation_steps"), (0, 4, "step"),
+                              (-4, 4, "step"), (0, 0, "accumulation_steps")):
         expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
-                      "accumulation_steps")
-    for step, k in ((0, 4), (-4, 4)):
-        expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
-                      "step")
+                      argument, ("step", "accumulation_steps"))
 
 # --- should_flush_tail ---------------------------------------------------------------------
 
@@ -136,8 +134,7 @@ def should_flush_only_a_partial_window(impl):
 @check("should_flush_tail", hidden=True)
 def should_flush_rejects_bad_arguments(impl):
     """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError naming it."""
-    for k in (0, -4):
-        expect_raises(f"should_flush_tail(10, 0, {k})", lambda: impl.should_flush_tail(10, 0, k), ValueError,
-                      "accumulation_steps")
-    expect_raises("should_flush_tail(3, 5, 4)", lambda: impl.should_flush_tail(3, 5, 4), ValueError, "last_step")
-    expect_raises("should_flush_tail(3, -1, 4)", lambda: impl.should_flush_tail(3, -1, 4), ValueError, "start_step")
+    for args, argument in [((10, 0, 0), "accumulation_steps"), ((10, 0, -4), "accumulation_steps"),
+                           ((3, 5, 4), "last_step"), ((3, -1, 4), "start_step"), ((-2, -1, 4), "start_step")]:
+        expect_raises(f"should_flush_tail{args}", lambda: impl.should_flush_tail(*args), ValueError, argument,
+                      ("last_step", "start_step", "accumulation_steps"))

@@ -12,6 +12,14 @@ from ..framework import check, expect_close, expect_equal, expect_raises, expect
 from .checks import LR_RTOL
 from .loop import hint
 
+
+def valid_call(what: str, fn):
+    """``fn()`` on valid arguments (a boundary such as iters = 1 included): a ValueError is a failure."""
+    try:
+        return fn()
+    except ValueError as exc:
+        fail(f"{what} (valid arguments)", f"ValueError: {exc}", "a result, no error")
+
 # --- accumulation_divisor (§10.1) ----------------------------------------------------------------
 
 # One epoch of 6 micro-batches with K=4: a full window (micro-steps 1-4) and a tail of r=2 (5-6).
@@ -23,10 +31,11 @@ GRAD_RTOL = 1e-4    # summing g_i / d in another order moves a gradient by a few
 def accumulation_divisor_is_k_then_r(impl):
     """K inside full windows, r = iters % K in the last r micro-steps (windows count from micro-step 1)."""
     cases = [((6, 4), [4, 4, 4, 4, 2, 2]), ((8, 4), [4] * 8), ((3, 8), [3, 3, 3]), ((5, 1), [1] * 5),
-             ((7, 3), [3, 3, 3, 3, 3, 3, 1])]
+             ((7, 3), [3, 3, 3, 3, 3, 3, 1]), ((1, 4), [1])]
     for (iters, k), expected in cases:
-        expect_equal(f"[accumulation_divisor(step, iters={iters}, K={k}) for step in 1..{iters}]",
-                     [impl.accumulation_divisor(step, iters, k) for step in range(1, iters + 1)], expected)
+        what = f"[accumulation_divisor(step, iters={iters}, K={k}) for step in 1..{iters}]"
+        expect_equal(what, valid_call(what, lambda: [impl.accumulation_divisor(step, iters, k)
+                                                     for step in range(1, iters + 1)]), expected)
 
 
 def window_gradients(model, batches, divisor) -> list[dict]:
@@ -76,13 +85,15 @@ def accumulation_divisor_rejects_bad_arguments(impl):
     """accumulation_steps or iters <= 0, step outside [1, iters]: ValueError naming the argument."""
     for args, argument in [((1, 6, 0), "accumulation_steps"), ((1, 6, -4), "accumulation_steps"),
                            ((1, 0, 4), "iters"), ((0, 6, 4), "step"), ((7, 6, 4), "step")]:
-        expect_raises(f"accumulation_divisor{args}", lambda: impl.accumulation_divisor(*args), ValueError, argument)
+        expect_raises(f"accumulation_divisor{args}", lambda: impl.accumulation_divisor(*args), ValueError, argument,
+                      ("step", "iters", "accumulation_steps"))
 
 # --- lr_per_update and update_cadence_due (§10.2) ------------------------------------------------
 
 
-# (iters, K, epochs): tails of 2 and 2, none, an epoch shorter than K, K=1 (one update per micro-step).
-UPDATE_RUNS = [(6, 4, 2), (10, 4, 2), (8, 4, 1), (3, 8, 2), (5, 1, 1)]
+# (iters, K, epochs): tails of 2 and 2, none, an epoch shorter than K, K=1 (one update per micro-step),
+# iters=1 (the smallest valid epoch).
+UPDATE_RUNS = [(6, 4, 2), (10, 4, 2), (8, 4, 1), (3, 8, 2), (5, 1, 1), (1, 2, 1)]
 
 
 @check("lr_per_update")
@@ -95,9 +106,9 @@ def lr_per_update_follows_the_update_count(impl):
         for epoch in range(epochs):
             for step in range(1, iters + 1):
                 update = epoch * per_epoch + -(-step // k)
-                expect_close(f"lr_per_update(epoch={epoch}, step={step}, iters={iters}, epochs={epochs}, K={k}) "
-                             f"(update {update} of {epochs * per_epoch})",
-                             impl.lr_per_update(epoch, step, iters, epochs, k, base_lr),
+                what = (f"lr_per_update(epoch={epoch}, step={step}, iters={iters}, epochs={epochs}, K={k}) "
+                        f"(update {update} of {epochs * per_epoch})")
+                expect_close(what, valid_call(what, lambda: impl.lr_per_update(epoch, step, iters, epochs, k, base_lr)),
                              get_lr(update, epochs * per_epoch, base_lr), rtol=LR_RTOL)
 
 
@@ -109,18 +120,18 @@ def lr_per_update_rejects_bad_arguments(impl):
            (dict(epoch=2), "epoch"), (dict(epoch=-1), "epoch"), (dict(step=0), "step"), (dict(step=7), "step")]
     for changes, argument in bad:
         expect_raises(f"lr_per_update(..., {', '.join(f'{k}={v}' for k, v in changes.items())})",
-                      lambda: impl.lr_per_update(**{**good, **changes}), ValueError, argument)
+                      lambda: impl.lr_per_update(**{**good, **changes}), ValueError, argument, tuple(good))
 
 
 @check("update_cadence_due")
 def update_cadence_counts_updates(impl):
     """Due where micro-step step closes update n = step / K with n % interval == 0, and at step == iters."""
     cases = [((10, 2, 2), [4, 8, 10]), ((10, 4, 1), [4, 8, 10]), ((12, 4, 2), [8, 12]), ((7, 1, 3), [3, 6, 7]),
-             ((3, 8, 5), [3]), ((16, 4, 3), [12, 16])]
+             ((3, 8, 5), [3]), ((16, 4, 3), [12, 16]), ((1, 4, 2), [1])]
     for (iters, k, interval), expected in cases:
-        expect_equal(f"micro-steps 1..{iters} where update_cadence_due(step, iters={iters}, K={k}, "
-                     f"interval={interval})",
-                     [s for s in range(1, iters + 1) if impl.update_cadence_due(s, iters, k, interval)], expected)
+        what = f"micro-steps 1..{iters} where update_cadence_due(step, iters={iters}, K={k}, interval={interval})"
+        expect_equal(what, valid_call(what, lambda: [s for s in range(1, iters + 1)
+                                                     if impl.update_cadence_due(s, iters, k, interval)]), expected)
 
 
 @check("update_cadence_due")
@@ -129,7 +140,8 @@ def update_cadence_rejects_bad_arguments(impl):
     for args, argument in [((1, 10, 0, 2), "accumulation_steps"), ((1, 0, 2, 2), "iters"),
                            ((1, 10, 2, 0), "interval"), ((1, 10, 2, -1), "interval"), ((0, 10, 2, 2), "step"),
                            ((11, 10, 2, 2), "step")]:
-        expect_raises(f"update_cadence_due{args}", lambda: impl.update_cadence_due(*args), ValueError, argument)
+        expect_raises(f"update_cadence_due{args}", lambda: impl.update_cadence_due(*args), ValueError, argument,
+                      ("step", "iters", "accumulation_steps", "interval"))
 
 # --- adamw_param_groups (§10.3) --------------------------------------------------------------------
 
@@ -169,7 +181,7 @@ def adamw_param_groups_reject_bad_weight_decay(impl):
     model = tiny_model(LoopScenario("param groups"))
     for value in (-0.1, float("nan")):
         expect_raises(f"adamw_param_groups(model, {value})", lambda: impl.adamw_param_groups(model, value),
-                      ValueError, "weight_decay")
+                      ValueError, "weight_decay", ("model", "weight_decay"))
     for value in (0.0, 1.0, 2.5):
         try:
             groups = impl.adamw_param_groups(model, value)
@@ -190,10 +202,10 @@ def _warmup_cosine(step: int, total: int, base_lr: float, warmup: int) -> float:
 def warmup_cosine_lr_ramps_then_follows_get_lr(impl):
     """base_lr * s / W below W, then get_lr(s - W, T - W): 0 at s = 0, base_lr at W, 0.1 * base_lr at T;
     W = 0 is get_lr itself."""
-    for total, warmup, base_lr in [(20, 5, 5e-4), (100, 10, 1.0), (7, 1, 1e-3), (12, 0, 2.0), (3, 2, 1.0)]:
+    for total, warmup, base_lr in [(20, 5, 5e-4), (100, 10, 1.0), (7, 1, 1e-3), (12, 0, 2.0), (3, 2, 1.0), (1, 0, 1.0)]:
         for step in range(total + 1):
-            expect_close(f"warmup_cosine_lr({step}, total_steps={total}, base_lr={base_lr}, warmup_steps={warmup})",
-                         impl.warmup_cosine_lr(step, total, base_lr, warmup),
+            what = f"warmup_cosine_lr({step}, total_steps={total}, base_lr={base_lr}, warmup_steps={warmup})"
+            expect_close(what, valid_call(what, lambda: impl.warmup_cosine_lr(step, total, base_lr, warmup)),
                          _warmup_cosine(step, total, base_lr, warmup), rtol=LR_RTOL, atol=1e-15)
     for step, expected in [(0, 0.0), (10, 1.0), (100, 0.1)]:
         expect_close(f"warmup_cosine_lr({step}, 100, 1.0, 10) (endpoint)", impl.warmup_cosine_lr(step, 100, 1.0, 10),
@@ -207,4 +219,5 @@ def warmup_schedule_rejects_bad_arguments(impl):
     for args, argument in [((0, 0, 1e-3, 0), "total_steps"), ((0, 10, 1e-3, -1), "warmup_steps"),
                            ((0, 10, 1e-3, 10), "warmup_steps"), ((-1, 10, 1e-3, 2), "current_step"),
                            ((11, 10, 1e-3, 2), "current_step")]:
-        expect_raises(f"warmup_cosine_lr{args}", lambda: impl.warmup_cosine_lr(*args), ValueError, argument)
+        expect_raises(f"warmup_cosine_lr{args}", lambda: impl.warmup_cosine_lr(*args), ValueError, argument,
+                      ("current_step", "total_steps", "base_lr", "warmup_steps"))

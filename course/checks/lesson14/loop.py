@@ -3,6 +3,7 @@ under autocast / GradScaler, plus its edge cases (the tail flush, an empty epoch
 bad arguments). Failures carry a hint where the numbers point at a cause."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -16,6 +17,7 @@ from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENA
 
 from ..framework import (CheckFailure, check, expect_close, expect_equal, expect_raises, expect_tensor_close,
                          expect_tensors_close, fail)
+from ..host_syncs import count_host_syncs
 from .checks import LR_RTOL
 
 
@@ -40,20 +42,25 @@ def compare_runs(scenario: LoopScenario, actual, expected) -> None:
                      [(r["epoch"], r["step"]) for r in actual.records if r[key]],
                      [(r["epoch"], r["step"]) for r in expected.records if r[key]])
     k = scenario.accumulation_steps
-    for got, want in zip(actual.records, expected.records):
+    for index, (got, want) in enumerate(zip(actual.records, expected.records)):
         at = f"{where} epoch {want['epoch']} step {want['step']}"
         expect_close(f"{at}: lr", got["lr"], want["lr"], rtol=LR_RTOL)
-        with hint(loss_hint(_float(got["loss"]), want["loss"], k)):
-            expect_close(f"{at}: loss (unscaled, aux included)", _float(got["loss"]), want["loss"],
-                         rtol=LOSS_RTOL, atol=1e-6)
-        expect_close(f"{at}: aux_loss", _float(got["aux_loss"]), want["aux_loss"], rtol=LOSS_RTOL, atol=1e-8)
-        with hint(norm_hint(_float(got["grad_norm"]), want["grad_norm"], k)):
-            expect_close(f"{at}: grad_norm before clipping", _float(got["grad_norm"]), want["grad_norm"],
-                         rtol=NORM_RTOL)
+        loss = _float(got["loss"])
+        with hint(loss_hint(loss, want["loss"], k) or aux_hint(loss, want["loss"], want["aux_loss"])
+                  or update_hint(scenario, expected.records, index)):
+            expect_close(f"{at}: loss (unscaled, aux included)", loss, want["loss"], rtol=LOSS_RTOL, atol=1e-6)
+        aux = _float(got["aux_loss"])
+        with hint(aux_backward_hint(aux, want["aux_loss"], expected.records)):
+            expect_close(f"{at}: aux_loss", aux, want["aux_loss"], rtol=LOSS_RTOL, atol=1e-8)
+        norm = _float(got["grad_norm"])
+        with hint(norm_hint(norm, want["grad_norm"], k)
+                  or aux_backward_hint(norm, want["grad_norm"], expected.records)):
+            expect_close(f"{at}: grad_norm before clipping", norm, want["grad_norm"], rtol=NORM_RTOL)
     if expected.scale is not None:
         expect_equal(f"{where} GradScaler scale after the run", actual.scale, expected.scale)
-    expect_tensors_close(f"{where} parameters after training", actual.params, expected.params,
-                         rtol=0.0, atol=PARAM_ATOL)
+    with hint(update_hint(scenario, expected.records, len(expected.records))):
+        expect_tensors_close(f"{where} parameters after training", actual.params, expected.params,
+                             rtol=0.0, atol=PARAM_ATOL)
     expect_equal(f"{where} parameters with optimizer state", sorted(actual.optimizer_state),
                  sorted(expected.optimizer_state))
     for name, state in expected.optimizer_state.items():
@@ -95,6 +102,44 @@ def norm_hint(actual, expected, k: int) -> str:
         return (f"norm between 1/K and 1/sqrt(K) of expected (K={k}): are gradients zeroed every micro-step, "
                 "so only the last micro-batch's gradient is left?")
     return ""
+
+
+def aux_hint(actual, expected, aux) -> str:
+    if actual is not None and aux and abs(expected - actual - aux) <= 1e-3 * abs(aux):
+        return "loss = expected - aux_loss: the aux loss is not in the loss (loss = out.loss + out.aux_loss)"
+    return ""
+
+
+# The MoE router's aux_loss is ~1e-3 of the LM loss: leaving it out of the backward moves a norm or the
+# router's next aux_loss by well under 1 %.
+AUX_SIZED = 0.01
+
+
+def aux_backward_hint(actual, expected, records) -> str:
+    """A small difference (norm, aux_loss) in a run with an aux loss points at a backward without it."""
+    if actual is None or not expected or not any(r["aux_loss"] for r in records):
+        return ""
+    if abs(actual / expected - 1) < AUX_SIZED:
+        return ("a small difference in a run with an aux loss: the aux loss is not in the backward "
+                "(backpropagate (out.loss + out.aux_loss) / K)")
+    return ""
+
+
+def update_hint(scenario: LoopScenario, records, index: int) -> str:
+    """The loss or the parameters first differ at ``index`` while every earlier lr, loss and norm matched: name
+    what only the updates before it use (the tail flush's lr, the clipping)."""
+    causes = []
+    if index > 0 and records[index - 1]["tail_flush"]:
+        update = records[index - 1]
+        causes.append(f"a stale lr in the tail flush at epoch {update['epoch']} step {update['step']} right before "
+                      "(write the lr into every param group at every micro-step, not only where a window closes)")
+    clipped = [(r["epoch"], r["step"]) for r in records[:index] if r["update_closed"] and r["grad_norm"] is not None
+               and math.isfinite(r["grad_norm"]) and r["grad_norm"] > scenario.grad_clip]
+    if clipped:
+        causes.append(f"no clipping to grad_clip: the updates at (epoch, step) {clipped} had pre-clip norms above "
+                      f"grad_clip={scenario.grad_clip} (clip_grad_norm_(model.parameters(), grad_clip), after "
+                      "unscale_)")
+    return "all earlier records matched; likely " + " or ".join(causes) if causes else ""
 
 
 @contextlib.contextmanager
@@ -197,16 +242,84 @@ def train_one_epoch_matches_oracle_amp(impl):
     _check_scenarios(impl, LOOP_AMP_SCENARIOS)
 
 
+class UntouchedLoader:
+    """A loader that records whether anything iterated it: argument checks come before any work."""
+
+    def __init__(self, batches):
+        self.batches, self.iterated = batches, False
+
+    def __iter__(self):
+        self.iterated = True
+        return iter(self.batches)
+
+
+# The parameter names of train_one_epoch that an error message may name (the bad one must come first).
+TRAIN_ARGUMENTS = ("accumulation_steps", "iters", "epochs", "epoch", "start_step")
+
+
 @check("train_one_epoch", hidden=True)
 def train_one_epoch_rejects_bad_arguments(impl):
     """K, iters or epochs <= 0, epoch outside [0, epochs), start_step outside [0, iters]: ValueError
-    naming the argument."""
+    naming the argument (first), raised before the loader is iterated."""
     objects = training_objects(LOOP_BASE)
     good = dict(device="cpu", epoch=0, epochs=1, iters=6, base_lr=5e-4, accumulation_steps=4, grad_clip=1.0)
-    bad = [(dict(accumulation_steps=0), "accumulation_steps"), (dict(iters=0), "iters"),
-           (dict(epochs=0), "epochs"), (dict(epoch=1), "epoch"), (dict(epoch=-1), "epoch"),
-           (dict(start_step=7), "start_step"), (dict(start_step=-1), "start_step")]
+    bad = [(dict(accumulation_steps=0), "accumulation_steps"), (dict(accumulation_steps=-1), "accumulation_steps"),
+           (dict(iters=0), "iters"), (dict(epochs=0), "epochs"), (dict(epochs=-1), "epochs"),
+           (dict(epoch=1), "epoch"), (dict(epoch=-1), "epoch"), (dict(start_step=7), "start_step"),
+           (dict(start_step=-1), "start_step")]
     for changes, argument in bad:
-        expect_raises(f"train_one_epoch(..., {', '.join(f'{k}={v}' for k, v in changes.items())})",
-                      lambda: impl.train_one_epoch(objects.model, epoch_batches(LOOP_BASE, 0), objects.optimizer,
-                                                   **{**good, **changes}), ValueError, argument)
+        call = f"train_one_epoch(..., {', '.join(f'{k}={v}' for k, v in changes.items())})"
+        loader = UntouchedLoader(epoch_batches(LOOP_BASE, 0))
+        expect_raises(call, lambda: impl.train_one_epoch(objects.model, loader, objects.optimizer,
+                                                         **{**good, **changes}), ValueError, argument, TRAIN_ARGUMENTS)
+        expect_equal(f"{call}: loader iterated before the ValueError", loader.iterated, False)
+
+
+@check("train_one_epoch", hidden=True)
+def train_one_epoch_accepts_boundary_arguments(impl):
+    """K = 1, iters = 1, epochs = 1, epoch = epochs - 1, start_step = 0 or iters are valid: an empty loader
+    then runs nothing and returns []."""
+    objects = training_objects(LOOP_BASE)
+    good = dict(device="cpu", epoch=0, epochs=1, iters=1, base_lr=5e-4, accumulation_steps=1, grad_clip=1.0)
+    for changes in (dict(), dict(start_step=1), dict(epochs=3, epoch=2), dict(iters=6, accumulation_steps=8,
+                                                                              start_step=6)):
+        call = f"train_one_epoch(loader=[], {', '.join(f'{k}={v}' for k, v in {**good, **changes}.items())})"
+        try:
+            records = impl.train_one_epoch(objects.model, [], objects.optimizer, **{**good, **changes})
+        except ValueError as exc:
+            fail(call, f"ValueError: {exc}", "[] (valid arguments at their boundaries)")
+        expect_equal(call, records, [])
+
+
+SYNC_SCENARIO = LoopScenario("dense, 1 epoch, K=8: one window that only the tail flush closes", epochs=1,
+                             accumulation_steps=8, hidden_size=32, num_hidden_layers=1, max_length=16)
+
+
+@functools.lru_cache(maxsize=4)
+def tail_only_run(train_one_epoch, micro_steps: int):
+    """An epoch of ``micro_steps`` < K micro-batches (one update: the tail flush) under ``count_host_syncs``;
+    returns (the conversions counted, names of parameters whose .grad is not None afterwards)."""
+    scenario = SYNC_SCENARIO.with_(iters=micro_steps)
+    objects, calls = training_objects(scenario), []
+    with count_host_syncs(calls):
+        train_one_epoch(objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu", epoch=0,
+                        epochs=1, iters=micro_steps, base_lr=scenario.base_lr, accumulation_steps=8,
+                        grad_clip=scenario.grad_clip)
+    return calls, [n for n, p in objects.model.named_parameters() if p.grad is not None]
+
+
+@check("train_one_epoch", hidden=True)
+def train_one_epoch_syncs_once_per_epoch(impl):
+    """No device-to-host sync per micro-step: an epoch of 5 micro-steps converts tensors to Python (.item(),
+    float(), .tolist(), ...) exactly as often as one of 2 with the same single update."""
+    short, long = (tail_only_run(impl.train_one_epoch, n)[0] for n in (2, 5))
+    extra = list((collections.Counter(long) - collections.Counter(short)).elements())
+    with hint("keep detached tensors during the epoch and convert them once at its end" if extra else ""):
+        expect_equal("host syncs that 3 more micro-steps add (epoch of 5 vs 2, K=8)", extra, [])
+
+
+@check("train_one_epoch", hidden=True)
+def train_one_epoch_clears_gradients_to_none(impl):
+    """After an update the gradients are cleared with zero_grad(set_to_none=True): .grad is None."""
+    expect_equal("parameters whose .grad is not None after the epoch's last update (2 micro-steps, K=8)",
+                 tail_only_run(impl.train_one_epoch, 2)[1], [])

@@ -12,10 +12,11 @@ from .extensions import (accumulation_divisor_gives_the_tail_its_mean_gradient, 
                          lr_per_update_rejects_bad_arguments, update_cadence_counts_updates,
                          update_cadence_rejects_bad_arguments, warmup_cosine_lr_ramps_then_follows_get_lr,
                          warmup_schedule_rejects_bad_arguments)
-from .loop import (train_one_epoch_marks_the_tail_flush, train_one_epoch_matches_oracle_amp,
+from .loop import (train_one_epoch_accepts_boundary_arguments, train_one_epoch_clears_gradients_to_none,
+                   train_one_epoch_marks_the_tail_flush, train_one_epoch_matches_oracle_amp,
                    train_one_epoch_matches_oracle_fp32, train_one_epoch_rejects_bad_arguments,
                    train_one_epoch_returns_nothing_for_an_empty_epoch, train_one_epoch_scaler_none_is_disabled,
-                   train_one_epoch_sets_lr_in_every_param_group)
+                   train_one_epoch_sets_lr_in_every_param_group, train_one_epoch_syncs_once_per_epoch)
 from .test_writing import accumulation_test_passes_correct_and_fails_wrong
 
 MISTAKES = [
@@ -110,6 +111,57 @@ MISTAKES = [
     mistake("grad_norm_zero_without_update", "grad_norm 0.0 instead of None on micro-steps without an update",
         "train_one_epoch", '"grad_norm": norm_values.get(s),', '"grad_norm": norm_values.get(s, 0.0),',
         train_one_epoch_marks_the_tail_flush),
+    mistake("overflow_on_scale_growth", "reports a skipped step whenever the scale changed: a growing scale "
+        "(growth_interval updates without inf/NaN) is not an overflow",
+        "_optimizer_update", "scaler.get_scale() < scale_before", "scaler.get_scale() != scale_before",
+        train_one_epoch_matches_oracle_amp),
+    mistake("tail_overflow_not_reported", "an overflow in the tail flush is skipped but not recorded",
+        "train_one_epoch", "        if skipped:\n            skipped_steps.add(tail_step)\n", "",
+        train_one_epoch_matches_oracle_amp),
+    mistake("clip_hard_coded", "clip_grad_norm_(..., 1.0): the default grad_clip, whatever the caller passes",
+        "_optimizer_update", "clip_grad_norm_(model.parameters(), grad_clip)",
+        "clip_grad_norm_(model.parameters(), 1.0)", train_one_epoch_matches_oracle_fp32),
+    mistake("no_clipping", "measures the norm with max_norm=inf: nothing is ever clipped",
+        "_optimizer_update", "clip_grad_norm_(model.parameters(), grad_clip)",
+        'clip_grad_norm_(model.parameters(), float("inf"))', train_one_epoch_matches_oracle_fp32),
+    mistake("zero_grad_keeps_zeros", "zero_grad(set_to_none=False): zero tensors stay allocated after each update",
+        "_optimizer_update", "set_to_none=True", "set_to_none=False", train_one_epoch_clears_gradients_to_none),
+    mistake("tail_flush_from_iters", "decides the flush from iters, not from the last micro-step run: a loader "
+        "that ends early is flushed wrongly (or twice)", "train_one_epoch",
+        "if should_flush_tail(last_step, start_step, accumulation_steps):",
+        "if should_flush_tail(iters, start_step, accumulation_steps):", train_one_epoch_matches_oracle_fp32),
+    mistake("host_sync_every_micro_step", "loss.item() at every micro-step: one device-to-host sync each",
+        "train_one_epoch", "losses.append(loss.detach())", "losses.append(torch.tensor(loss.item()))",
+        train_one_epoch_syncs_once_per_epoch),
+    mistake("stale_lr_in_tail_flush", "records the lr it computes but writes it into the optimizer only where a "
+        "window closes: the tail flush steps with the last boundary's lr", "train_one_epoch",
+        '        for group in optimizer.param_groups:\n            group["lr"] = lr\n        with autocast_ctx:\n'
+        '            out = model(input_ids, labels=labels)\n            loss = out.loss + out.aux_loss\n'
+        '            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)\n'
+        '        scaler.scale(scaled_loss).backward()\n        if should_step_optimizer(step, accumulation_steps):\n'
+        '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
+        '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
+        '        lrs.append(optimizer.param_groups[-1]["lr"])',
+        '        with autocast_ctx:\n'
+        '            out = model(input_ids, labels=labels)\n            loss = out.loss + out.aux_loss\n'
+        '            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)\n'
+        '        scaler.scale(scaled_loss).backward()\n        if should_step_optimizer(step, accumulation_steps):\n'
+        '            for group in optimizer.param_groups:\n                group["lr"] = lr\n'
+        '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
+        '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
+        '        lrs.append(lr)', train_one_epoch_matches_oracle_fp32),
+    mistake("aux_not_in_backward", "records out.loss + out.aux_loss but backpropagates out.loss / K only",
+        "train_one_epoch", "scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)",
+        "scaled_loss = scale_loss_for_accumulation(out.loss, accumulation_steps)", train_one_epoch_matches_oracle_fp32),
+    mistake("k_checked_by_scale_loss", "no accumulation_steps check of its own: the error comes from the first "
+        "micro-step's scale_loss_for_accumulation, after the loader started", "train_one_epoch",
+        '    if accumulation_steps <= 0:\n        raise ValueError(f"accumulation_steps must be >= 1, got '
+        '{accumulation_steps}")\n    if iters <= 0:', "    if iters <= 0:", train_one_epoch_rejects_bad_arguments),
+    mistake("epochs_checked_by_epoch", "no epochs check: epochs=0 is reported as a bad epoch",
+        "train_one_epoch", '    if epochs <= 0:\n        raise ValueError(f"epochs must be >= 1, got {epochs}")\n', "",
+        train_one_epoch_rejects_bad_arguments),
+    mistake("rejects_one_batch_epoch", "iters <= 1 refused: an epoch of one micro-batch is valid",
+        "train_one_epoch", "if iters <= 0:", "if iters <= 1:", train_one_epoch_accepts_boundary_arguments),
     # the student's test (reference: course/reference/train_loop.py) with one edit each
     *weak_comparisons("test_accumulation_matches_big_batch", "1e-4", accumulation_test_passes_correct_and_fails_wrong),
     mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
@@ -164,6 +216,12 @@ MISTAKES = [
         "update_cadence_due", "    if step == iters:\n        return True\n", "", update_cadence_counts_updates),
     mistake("cadence_accepts_zero_interval", "update_cadence_due refuses a negative interval only",
         "update_cadence_due", "if interval <= 0:", "if interval < 0:", update_cadence_rejects_bad_arguments),
+    mistake("cadence_iters_checked_by_step", "update_cadence_due has no iters check: iters=0 is reported as a bad "
+        "step", "update_cadence_due",
+        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n', "",
+        update_cadence_rejects_bad_arguments),
+    mistake("warmup_rejects_one_step_run", "total_steps <= 1 refused: a run of one step is valid",
+        "warmup_cosine_lr", "if total_steps <= 0:", "if total_steps <= 1:", warmup_cosine_lr_ramps_then_follows_get_lr),
     mistake("decays_norms", "1-D parameters (norm weights) decay: only embeddings are exempt",
         "adamw_param_groups", "if param.ndim < 2 or id(param) in embeddings:", "if id(param) in embeddings:",
         adamw_param_groups_exempt_norms_and_embeddings),

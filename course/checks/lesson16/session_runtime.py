@@ -13,27 +13,7 @@ from course.runs import (SESSION_SCENARIO, global_batch_gradients, masked_micro_
                          params_of, run_update, tiny_batches, tiny_model)
 
 from ..framework import check, expect_close, expect_equal, expect_tensors_close
-
-
-_SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__")
-
-
-@contextlib.contextmanager
-def count_host_syncs(counter: list):
-    saved = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
-
-    def counting(name):
-        def wrapper(self, *args, **kwargs):
-            counter.append(name)
-            return saved[name](self, *args, **kwargs)
-        return wrapper
-    try:
-        for name in _SYNC_METHODS:
-            setattr(torch.Tensor, name, counting(name))
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
+from ..host_syncs import count_host_syncs
 
 
 @check("TrainingSession", hidden=True)
