@@ -113,8 +113,9 @@ class OneGradientOff(GradientEdit):
             if self.size * ONE_TENSOR_ERROR >= DEFAULT_FLOAT32_ATOL:
                 return (f"your test compares this gradient, with a tolerance that lets a {ONE_TENSOR_ERROR:.0%} "
                         f"error through: choose one far below {ONE_TENSOR_ERROR:.0%}, far above float rounding")
-            return (f"your test compares this gradient, but atol {DEFAULT_FLOAT32_ATOL:.0e} (torch.testing.assert_close's "
-                    f"float32 default) is larger than this gradient's {ONE_TENSOR_ERROR:.0%} error "
+            return (f"your test compares this gradient, but atol {DEFAULT_FLOAT32_ATOL:.0e} "
+                    "(torch.testing.assert_close's float32 default) is larger than this gradient's "
+                    f"{ONE_TENSOR_ERROR:.0%} error "
                     f"~{self.size * ONE_TENSOR_ERROR:.1e} (its elements are up to ~{self.size:.1e}): set atol "
                     "relative to the gradient scale, far below the smallest error to catch, or bound the relative "
                     "error of all gradients together")
@@ -143,9 +144,7 @@ def _negate_all(large):
 
 
 def _negate_last(large):
-    for _, grad in large[-1:]:
-        grad.neg_()
-    return large[-1:]
+    return _negate_all(large[-1:])
 
 
 def _swap_same_shape(large):
@@ -173,7 +172,7 @@ def edited_gradients(accumulate: Callable) -> list[GradientEdit]:
     absolute values; the norm or sum of all gradients) and break the gradients themselves."""
     return [
         GradientEdit("accumulate_gradient_ascent", accumulate, _negate_all,
-                     "every gradient negated (gradient ascent): the right norms and absolute values, the wrong "
+                     "every large gradient negated (gradient ascent): the right norms and absolute values, the wrong "
                      "direction", f"a norm, an absolute value or a square cannot see a sign: {ELEMENT_WISE}"),
         GradientEdit("accumulate_one_gradient_negated", accumulate, _negate_last,
                      "correct except that the gradient of {parameters} is negated: every norm right",
@@ -226,8 +225,8 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
             continue
         fail(f"your test let through {implementation.name}: {implementation.wrong}",
              "the test returned (passed)", "AssertionError (the test fails on this implementation)",
-             f"hint: {implementation.explain(student_test)}. And does the test assert on every parameter's gradient, with a "
-             "tolerance near float rounding?")
+             f"hint: {implementation.explain(student_test)}. And does the test assert on every parameter's "
+             "gradient, with a tolerance near float rounding?")
 
 
 # --- mistakes both test-writing exercises share ------------------------------------------------------
