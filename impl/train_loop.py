@@ -135,15 +135,19 @@ def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
     is ``course.runs.accumulate_gradients``: your test must pass on it.
     Your test: build a model and data (``tiny_model(LoopScenario(...))`` gives a seeded dense MiniMind,
     the same weights every call; ``tiny_batches(batch_size, max_length, 1, seed)[0]`` gives one
-    ``(input_ids, labels)`` batch, unpadded at ``max_length=32``), compute the big batch's gradient with
+    ``(input_ids, labels)`` batch, unpadded at ``max_length`` 16 or 32), compute the big batch's gradient with
     ONE backward of its loss, call ``accumulate_gradients`` on a second, identical model with the same
     samples cut into K micro-batches, and assert every parameter's gradient is close to the big batch's
     (``torch.testing.assert_close`` with a stated ``rtol`` / ``atol``). Return nothing; raise
     ``AssertionError`` (any failing ``assert``) when the implementation is wrong. The grader runs it on
     wrong implementations too (§5.6 lists them): each must make it fail. They include a division by the
     micro-batch size (so use micro-batches of a size other than K), the first micro-batch alone (so use
-    different samples in each) and, one per large parameter tensor, a gradient 1 % off in that tensor
-    alone (so compare every parameter, with a tolerance far below 1 %; float rounding here is ~1e-8).
+    different samples in each), one per large parameter tensor, a gradient 1 % off in that tensor alone
+    (so compare every parameter, with a tolerance far below 1 %; float rounding here is ~1e-8, and the
+    smallest gradients, of norm weights, have elements ~6e-4, so their 1 % error ~6e-6 hides under
+    ``assert_close``'s default ``atol=1e-5``: state an atol far below it), and gradients with the right
+    norms, sums and absolute values but the wrong signs, places or parameters (so compare each gradient
+    tensor element-wise with its own parameter's expected gradient).
     """
     raise NotImplementedError("test_accumulation_matches_big_batch: TODO - see lesson 14 §5.6")
 

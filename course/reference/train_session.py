@@ -241,8 +241,9 @@ def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
     Inputs chosen so that every catalogued bug shows: 4 micro-batches holding 29, 10, 2 and 1 valid
     shifted targets (equal counts hide the mean of micro-batch means), masked positions in every
     micro-batch but the first (no padding hides counting it), valid targets at position 0 (hides a
-    count without the shift); every parameter compared with a tolerance far above float rounding
-    (~1e-8) and far below any bug (>= 1e-3).
+    count without the shift); every parameter compared element-wise with a tolerance far above float
+    rounding (~1e-8) and far below any bug (a 1 % error of the smallest gradient, elements ~7e-4:
+    assert_close's default atol=1e-5 would hide it).
     """
     cuts = ((16, 15), (9, 3), (2, 2), (2, 0))   # valid labels per sample: labels[i, cut:] = -100
     micro_batches = [(batch.input_ids, batch.labels) for batch in masked_micro_batches(cuts)]

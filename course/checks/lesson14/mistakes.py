@@ -167,13 +167,13 @@ MISTAKES = [
     mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
         "test_accumulation_matches_big_batch",
         "rtol=1e-4, atol=1e-6,", "rtol=0.0, atol=0.0,", accumulation_test_passes_correct_and_fails_wrong),
-    mistake("test_with_k_1", "one micro-batch of 12: a missing division by K cannot show",
+    mistake("test_with_k_1", "one micro-batch of 6: a missing division by K cannot show",
         "test_accumulation_matches_big_batch",
-        "k, micro_size = 3, 4", "k, micro_size = 1, 12", accumulation_test_passes_correct_and_fails_wrong),
-    mistake("test_micro_batch_size_equals_k", "4 micro-batches of 4: dividing by the micro-batch size looks right",
+        "k, micro_size = 2, 3", "k, micro_size = 1, 6", accumulation_test_passes_correct_and_fails_wrong),
+    mistake("test_micro_batch_size_equals_k", "2 micro-batches of 2: dividing by the micro-batch size looks right",
         "test_accumulation_matches_big_batch",
-        "k, micro_size = 3, 4", "k, micro_size = 4, 4", accumulation_test_passes_correct_and_fails_wrong),
-    mistake("test_identical_micro_batches", "the same 4 samples in every micro-batch: one micro-batch alone "
+        "k, micro_size = 2, 3", "k, micro_size = 2, 2", accumulation_test_passes_correct_and_fails_wrong),
+    mistake("test_identical_micro_batches", "the same 3 samples in every micro-batch: one micro-batch alone "
         "already has the big batch's gradient",
         "test_accumulation_matches_big_batch",
         "input_ids, labels = tiny_batches(k * micro_size, scenario.max_length, 1, seed=0)[0]",

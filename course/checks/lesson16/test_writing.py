@@ -58,7 +58,9 @@ WRONG_TOKEN_WEIGHTINGS = (
 def token_weighted_test_passes_correct_and_fails_wrong(impl):
     """Your test passes the correct token-weighted accumulation (course/runs/accumulation.py, and the same in
     float64) and raises AssertionError on each of 4 wrong ones: the mean of micro-batch means, a count with the
-    masked targets, each micro-batch by its own count, a count without the shift; and on one gradient tensor 1 % off."""
+    masked targets, each micro-batch by its own count, a count without the shift; on one gradient tensor 1 % off
+    (each large tensor in turn); and on 4 that keep every norm and sum: all gradients negated, one negated, two
+    swapped, each tensor's elements shifted."""
     grade_student_test("test_token_weighted_matches_global_batch", impl.test_token_weighted_matches_global_batch,
                        (accumulate_token_weighted, in_float64(accumulate_token_weighted)), WRONG_TOKEN_WEIGHTINGS,
                        "a correct accumulation differs from one global-batch backward by float rounding (~1e-8 "
