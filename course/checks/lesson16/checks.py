@@ -69,6 +69,7 @@ def split_global_batch_micro_sizes(impl):
              ((list(range(5)), 8, 4), [[0, 1], [2, 3], [4]]),
              ((list(range(3)), 8, 4), [[0, 1], [2]]),
              ((["only"], 8, 4), [["only"]]),                  # a tail of one sample
+             ((["only"], 1, 1), [["only"]]),                  # the smallest global batch
              ((tuple(range(6)), 6, 1), [[0, 1, 2, 3, 4, 5]]),
              ((range(6), 6, 6), [[0], [1], [2], [3], [4], [5]]),
              ((list(range(9)), 12, 3), [[0, 1, 2, 3], [4, 5, 6, 7], [8]])]
