@@ -117,7 +117,8 @@ HINTS = [  # (check, wrong implementation, text its failure must contain)
     ("session_consecutive_updates_start_clean", lambda: catalogued("lr_from_the_constructor"), "options.lr"),
     ("session_skipped_update_calls_no_after_update", lambda: catalogued("after_update_on_skipped_step"),
      "after_update runs only when the optimizer stepped"),
-    ("session_accumulates_detached_loss_sums", lambda: catalogued("loss_sum_kept_attached"), "output.loss_sum.detach()"),
+    ("session_accumulates_detached_loss_sums", lambda: catalogued("loss_sum_kept_attached"),
+     "output.loss_sum.detach()"),
 ]
 
 

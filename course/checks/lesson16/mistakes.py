@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..catalogue import equivalent, mistake
 from ..student_tests import COMPARE_EVERY_PARAMETER, assert_gradients, weak_comparisons
-from .checks import (count_loss_units_rejects_bad_labels, count_loss_units_sees_the_shift, split_global_batch_fails_fast,
-                     split_global_batch_micro_sizes, steps_per_epoch_is_ceil)
+from .checks import (count_loss_units_rejects_bad_labels, count_loss_units_sees_the_shift,
+                     split_global_batch_fails_fast, split_global_batch_micro_sizes, steps_per_epoch_is_ceil)
 from .migration import (migrate_fills_documented_legacy_defaults, migrate_handles_legacy_boundaries,
                         migrate_keeps_global_states_and_rejects_bad_ones, migrate_legacy_state_to_global_semantics,
                         migrate_resumes_an_epoch_end_at_the_next_epoch)
@@ -15,9 +15,9 @@ from .session import (session_abort_discards_the_update, session_clips_the_updat
                       session_rejects_a_bad_step_output, session_rejects_zero_normalization_units,
                       session_sets_lr_and_normalization_is_fixed_per_update, session_state_and_load_state_round_trip,
                       session_two_microsteps_one_optimizer_step)
-from .session_runtime import (session_accumulates_detached_loss_sums, session_amp_scaler_overflow_and_unscale_before_clip,
-                              session_keeps_loss_sums_on_device, session_scaler_growth_is_no_skip,
-                              session_skipped_update_calls_no_after_update,
+from .session_runtime import (session_accumulates_detached_loss_sums,
+                              session_amp_scaler_overflow_and_unscale_before_clip, session_keeps_loss_sums_on_device,
+                              session_scaler_growth_is_no_skip, session_skipped_update_calls_no_after_update,
                               session_uses_no_sync_before_the_last_microstep)
 from .session_updates import session_consecutive_updates_start_clean, session_k1_every_microstep_is_an_update
 from .test_writing import token_weighted_test_passes_correct_and_fails_wrong
@@ -187,7 +187,8 @@ MISTAKES = [
         session_consecutive_updates_start_clean),
     mistake('loss_totals_carry_over', "closing an update resets the micro-step count but not the loss totals: "
         "the next update reports both updates' loss",
-        "TrainingSession._close_update", '        self.optimizer.zero_grad(set_to_none=True)\n        self._clear_pending()\n',
+        "TrainingSession._close_update",
+        '        self.optimizer.zero_grad(set_to_none=True)\n        self._clear_pending()\n',
         '        self.optimizer.zero_grad(set_to_none=True)\n        self.microsteps_accumulated = 0\n',
         session_consecutive_updates_start_clean),
     mistake('empty_micro_batch_rejected', 'refuses a micro-batch without valid targets (gradient_units 0)',

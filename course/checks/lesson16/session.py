@@ -116,9 +116,10 @@ def session_rejects_zero_normalization_units(impl):
     before = params_of(session.model)
     batch = masked_micro_batches()[0]
     for units in (0, -1):
+        options = TrainingStepOptions(normalization_units=units, force_update=True)
         expect_raises(f"train_step(..., normalization_units={units})",
-                      lambda: session.train_step(batch, TrainingStepOptions(normalization_units=units, force_update=True),
-                                                 token_weighted_step), ValueError, "normalization_units")
+                      lambda: session.train_step(batch, options, token_weighted_step), ValueError,
+                      "normalization_units")
         session.reset_accumulation()
     expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
                          rtol=0.0, atol=0.0)

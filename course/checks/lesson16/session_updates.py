@@ -121,9 +121,9 @@ def _update(session, batches, *, units=None, lr=None, clip=0.0, force_last=True,
 def session_k1_every_microstep_is_an_update(impl):
     """K=1: every micro-step closes its own update without force_update, normalized by its own units (down to
     normalization_units=1, the smallest allowed)."""
-    batches = masked_micro_batches()
+    batches = masked_micro_batches()[::3]
     session = new_session(impl, 1)
-    for i, batch in enumerate(batches):     # 29, 10, 2 and 1 valid targets
+    for i, batch in enumerate(batches):     # 29 and 1 valid targets
         before, captured = params_of(session.model), {}
         reports, summary = _update(session, [batch], force_last=False, before_update=capture_grads(session, captured))
         expect_equal(f"K=1, micro-step {i + 1}: (parameters_updated, optimizer_step, microsteps_accumulated, "
