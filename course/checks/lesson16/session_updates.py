@@ -8,8 +8,8 @@ import torch
 
 from course.protocol.text import token_nll_sum, token_weighted_step
 from course.protocol.types import TrainingStepOptions
-from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches,
-                         new_session, params_of, tiny_model)
+from course.runs import (capture_grads, global_batch_gradients, grads_of, masked_micro_batches, new_session,
+                         params_of, session_model)
 
 from ..framework import CheckFailure, check, expect_close, expect_equal, expect_tensors_close, fail
 from .checks import GRAD_ATOL, GRAD_RTOL
@@ -25,13 +25,10 @@ def _flat(grads: dict) -> torch.Tensor:
 
 def _gradients_of(batches, params: dict, weight) -> torch.Tensor:
     """Flat gradient of sum_i weight(batch_i) * NLL sum_i on the tiny model holding ``params``."""
-    model = tiny_model(SESSION_SCENARIO)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(params[name])
+    model = session_model(params)
     for batch in batches:
         (token_nll_sum(model(batch.input_ids).logits, batch.labels) * weight(batch)).backward()
-    return _flat({n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()})
+    return _flat(grads_of(model))
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
