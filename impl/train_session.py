@@ -27,7 +27,8 @@ def count_loss_units(labels: torch.Tensor) -> int:
     Aligns with the shift in ``course/minimind/model.py::MiniMindForCausalLM.forward``
     (``labels[:, 1:]``, ``ignore_index=-100``): count ``labels[..., 1:] != -100``, so position 0 is never
     a target; works for ``[seq]`` and ``[batch, seq]``. Example: ``[[5, 6, -100, -100], [-100, 7, 8, 9]]`` -> 4.
-    Raise ``ValueError`` naming ``labels`` for a 0-dim input or a non-integer dtype.
+    Raise ``ValueError`` naming ``labels`` for a 0-dim input or a dtype that holds no token ids (float, complex,
+    bool).
     """
     raise NotImplementedError("count_loss_units: TODO - see lesson 16 §4.1")
 
@@ -35,10 +36,12 @@ def count_loss_units(labels: torch.Tensor) -> int:
 def split_global_batch(samples, global_batch_size: int, accumulation_steps: int) -> list[list]:
     """TODO (lesson 16 §4.2): cut one global batch into micro-batches of global // accum samples.
 
-    Keep the order; return a list of lists. A short final global batch is split over what remains (the
+    ``samples`` is any sequence (a list, a tuple, a range); keep the order and return a list of lists. A short
+    final global batch is split over what remains (the
     last micro-batch may be smaller): 5 samples, global 8, accum 4 -> ``[[0, 1], [2, 3], [4]]``. Raise ``ValueError`` naming the argument when ``global_batch_size`` or
     ``accumulation_steps`` is < 1, when ``global_batch_size % accumulation_steps != 0`` (name
-    ``accumulation_steps``), or when ``samples`` is empty or longer than ``global_batch_size``.
+    ``accumulation_steps``), or when ``samples`` is empty or longer than ``global_batch_size``; the bad argument
+    is the first one the message names.
     """
     raise NotImplementedError("split_global_batch: TODO - see lesson 16 §4.2")
 
@@ -65,7 +68,9 @@ class TrainingSession:
     * ``train_step(batch, options, step_fn) -> TrainingStepReport``: ``ValueError`` naming
       ``normalization_units`` if it is < 1 or changes inside an update (nothing is updated); set
       ``options.lr`` if given, in EVERY param group; run ``output = step_fn(model, batch)`` under autocast
-      (a ``TrainingStepOutput``); backward ``output.loss * output.gradient_units / normalization_units``
+      (a ``TrainingStepOutput``, else ``TypeError`` naming ``TrainingStepOutput``; ``gradient_units < 0`` ->
+      ``ValueError`` naming ``gradient_units``, while 0, a micro-batch without valid targets, is allowed and adds
+      nothing); backward ``output.loss * output.gradient_units / normalization_units``
       through ``scaler.scale(...)``; add ``output.loss_sum.detach()`` (when not None) and
       ``output.loss_units`` to the update's totals. On a micro-step that does not close the update, convert
       no tensor to the host: no ``.item()``, ``float(t)``, ``int(t)``, ``bool(t)`` (an ``if`` on a tensor) or
@@ -78,12 +83,13 @@ class TrainingSession:
       ``clip_grad_norm_(model.parameters(), clip_grad_norm)`` if ``clip_grad_norm > 0`` (report its pre-clip
       norm as ``grad_norm``; ``grad_norm`` is ``None`` when clipping is off), ``scaler.step``,
       ``scaler.update``; the scaler skipped the step (inf/NaN) exactly when ``update()`` lowered its scale
-      (compare ``scaler.get_scale()`` before and after, when enabled). If it stepped: ``optimizer_step += 1``
+      (compare ``scaler.get_scale()`` before and after, when enabled; a scale that grew is no skip). If it stepped: ``optimizer_step += 1``
       and ``after_update()`` (it sees the new parameters and the gradients still in place); never on a
       skipped update. Then ``optimizer.zero_grad(set_to_none=True)``. Report ``parameters_updated`` (it
       stepped), ``overflow_skipped`` (it skipped; ``optimizer_step`` does not advance), the new
       ``optimizer_step``, the update's ``microsteps_accumulated`` (e.g. 2 for a tail of 2), its ``loss_sum``
-      (still a device tensor) and ``loss_units``; the session's own counters are 0 again. If the model has
+      (still a device tensor) and ``loss_units``; the session's own counters and totals are 0 again, every
+      ``.grad`` is ``None``, and the next update starts clean. If the model has
       ``no_sync`` (DDP), run the forward and backward of every non-closing micro-step inside ``model.no_sync()``.
     * any exception inside ``train_step`` - in ``step_fn``, in backward, in ``before_update`` or
       ``after_update``, anywhere - propagates unchanged and makes every later call raise
@@ -119,9 +125,9 @@ def migrate_train_state(state: dict) -> dict:
     A state with ``batch_size_semantics == "global"`` comes back as an equal copy; any other value
     -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy:
     ``batch_size`` = micro-batch and ``sample_count`` = samples per epoch (both required, ints >= 1),
-    ``epoch`` (default 0), ``step`` = micro-steps done in the epoch (default 0), ``accum_steps``
-    (default 1); a missing key with a default takes it, a missing required key or a bad value
-    -> ``ValueError`` naming the key. The epoch has ``ceil(sample_count / batch_size)`` micro-steps;
+    ``epoch`` (default 0, an int >= 0), ``step`` = micro-steps done in the epoch (default 0, an int >= 0),
+    ``accum_steps`` (default 1, an int >= 1); a missing key with a default takes it, a missing required key or
+    a bad value -> ``ValueError`` naming the key (first). The epoch has ``ceil(sample_count / batch_size)`` micro-steps;
     a larger ``step`` -> ``ValueError`` naming ``step``. Return the state (defaults filled in)
     without ``batch_size``/``step`` and with ``batch_size_semantics="global"``,
     ``global_batch_size = batch_size * accum_steps``, ``update_step_in_epoch``, ``sample_position``

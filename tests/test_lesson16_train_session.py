@@ -17,7 +17,8 @@ import torch
 from stub_copies import untouched_impl
 
 from course.checks import get_lesson
-from course.checks.framework import expect_equal, expect_tensors_close
+from course.checks.catalogue import Mistake
+from course.checks.framework import FAIL, expect_equal, expect_tensors_close, run_check
 from course.checks.lesson16.checks import GRAD_ATOL, GRAD_RTOL
 from course.implementations import REFERENCE_DIR, load_module
 from course.minimind import TINY_CORPUS, PretrainDataset
@@ -65,12 +66,68 @@ ACCEPTANCE_MATRIX = {  # protocol requirement -> the check that proves it for st
     "amp: bf16 autocast wraps the step function": "session_runs_step_fn_under_autocast",
     "amp: GradScaler('cpu') overflow skips, unscale before clip": "session_amp_scaler_overflow_and_unscale_before_clip",
     "ddp: no_sync on every micro-step but the last": "session_uses_no_sync_before_the_last_microstep",
+    "unit: K=1 makes every micro-step an update": "session_k1_every_microstep_is_an_update",
+    "unit: updates in a row start clean (K, lr, clip, a micro-batch without targets, an abort)":
+        "session_consecutive_updates_start_clean",
+    "unit: loss sums are accumulated detached": "session_accumulates_detached_loss_sums",
+    "unit: a step_fn output of the wrong type or negative units is refused": "session_rejects_a_bad_step_output",
+    "amp: a GradScaler scale that grew is no skip": "session_scaler_growth_is_no_skip",
+    "compat: legacy states at the edges of their range": "migrate_handles_legacy_boundaries",
 }
 
 
 @pytest.mark.parametrize("item", list(ACCEPTANCE_MATRIX))
 def test_acceptance_matrix(graded, item):
     graded(LESSON, ACCEPTANCE_MATRIX[item])
+
+
+# --- hints: a failure that only shows a consequence names its likely cause -----------------
+
+def catalogued(name: str):
+    return next(m for m in LESSON.mistakes if m.name == name).build()
+
+
+def variant(function: str, old: str, new: str):
+    """The reference with one uncatalogued edit (a bug whose hint is computed from its numbers)."""
+    return Mistake("hint_variant", "", function, old, new, lesson="16", module_file="train_session.py").build()
+
+
+WEIGHT = "weight = output.gradient_units / options.normalization_units"
+HINTS = [  # (check, wrong implementation, text its failure must contain)
+    ("session_global_normalization_matches_one_backward", lambda: catalogued("loss_over_k"),
+     "mean of micro-batch means (loss / K)"),
+    ("session_consecutive_updates_start_clean", lambda: catalogued("loss_over_k"), "mean of micro-batch means"),
+    ("session_global_normalization_matches_one_backward",
+     lambda: variant("TrainingSession._train_step", WEIGHT, "weight = output.gradient_units"),
+     "42 x the expected one (K=4, N=42): the loss was not divided by normalization_units"),
+    ("session_global_normalization_matches_one_backward",
+     lambda: variant("TrainingSession._train_step", WEIGHT, WEIGHT + " / self.accumulation_steps"),
+     "0.25 x the expected one (K=4, N=42): the loss was divided by K on top"),
+    ("session_global_normalization_matches_one_backward",
+     lambda: variant("TrainingSession._train_step", "            self.scaler.scale(",
+                     "            self.optimizer.zero_grad()\n            self.scaler.scale("),
+     "only the last micro-batch's gradient is left"),
+    ("count_loss_units_sees_the_shift", lambda: catalogued("counts_unshifted_labels"), "without the shift"),
+    ("count_loss_units_sees_the_shift", lambda: catalogued("counts_masked_targets"), "counted masked targets"),
+    ("session_drives_the_text_run", lambda: catalogued("counts_unshifted_labels"), "without the shift"),
+    ("session_drives_the_text_run", lambda: catalogued("counts_masked_targets"), "counted masked targets"),
+    ("session_clips_the_update", lambda: catalogued("norm_without_clipping"),
+     "no clipping, the update is larger than clip_grad_norm allows"),
+    ("session_clips_the_update", lambda: catalogued("clip_hard_coded"), "clipped to a norm of 1, not clip_grad_norm"),
+    ("session_consecutive_updates_start_clean", lambda: catalogued("lr_from_the_constructor"), "options.lr"),
+    ("session_skipped_update_calls_no_after_update", lambda: catalogued("after_update_on_skipped_step"),
+     "after_update runs only when the optimizer stepped"),
+    ("session_accumulates_detached_loss_sums", lambda: catalogued("loss_sum_kept_attached"),
+     "output.loss_sum.detach()"),
+]
+
+
+@pytest.mark.parametrize("check_name, wrong, hint", HINTS, ids=[f"{c}-{h[:30]}" for c, _, h in HINTS])
+def test_a_failure_names_the_cause_behind_its_numbers(check_name, wrong, hint):
+    check = next(c for c in LESSON.checks if c.name == check_name)
+    result = run_check(check, wrong())
+    assert result.status == FAIL and "ACTUAL" in result.message, result.message
+    assert "hint: " in result.message and hint in result.message, result.message
 
 
 # --- data: masks per sample, token-weighted gradient on real padded samples ------------------

@@ -46,9 +46,8 @@ def split_global_batch(samples, global_batch_size: int, accumulation_steps: int)
     if accumulation_steps <= 0:
         raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
     if global_batch_size % accumulation_steps:
-        raise ValueError(f"global_batch_size ({global_batch_size}) must be divisible by accumulation_steps "
-                         f"({accumulation_steps}): micro-batch size would be "
-                         f"{global_batch_size / accumulation_steps:g}")
+        raise ValueError(f"accumulation_steps ({accumulation_steps}) must divide global_batch_size "
+                         f"({global_batch_size}): micro-batch size would be {global_batch_size / accumulation_steps:g}")
     samples = list(samples)
     if not 1 <= len(samples) <= global_batch_size:
         raise ValueError(f"samples must hold 1..global_batch_size={global_batch_size} items, got {len(samples)}")
@@ -220,7 +219,7 @@ def migrate_train_state(state: dict) -> dict:
     if step == micro_steps_per_epoch:   # the tail flush applied the last step % accum micro-steps
         epoch, update_step, dropped = epoch + 1, 0, 0
         where = (f"epoch {legacy['epoch']} was complete (saved after its tail flush at micro-step {step}); "
-                 f"resumed at update 0 of epoch {epoch}, the start of the next epoch")
+                 f"resumed at update 0 of epoch {legacy['epoch'] + 1}, the start of the next epoch")
     else:
         update_step, dropped = step // accum, step % accum
         where = (f"resumed at update {update_step} of epoch {epoch}, the last update boundary "

@@ -17,11 +17,11 @@ from .loop import (LoopScenario, RunResult, TrainingObjects, compute_oracle, epo
                    training_objects)
 from .resume import resume_and_finish, sample_dataset, save_objects, train_until
 from .session import (LABEL_CUTS, SESSION_SCENARIO, capture_grads, global_batch_gradients, grads_of,
-                      masked_micro_batches, new_session, params_of, run_update)
+                      masked_micro_batches, new_session, params_of, run_update, session_model)
 
 __all__ = ["accumulate_gradients", "accumulate_token_weighted", "in_float64", "LoopScenario", "RunResult",
            "TrainingObjects", "compute_oracle", "epoch_batches", "full_epoch_batches",
            "inject_overflow", "run_impl", "run_oracle", "run_oracle_epoch", "run_result", "tiny_batches", "tiny_model",
            "training_objects", "resume_and_finish", "sample_dataset", "save_objects", "train_until", "LABEL_CUTS",
            "SESSION_SCENARIO", "capture_grads", "global_batch_gradients", "grads_of", "masked_micro_batches",
-           "new_session", "params_of", "run_update"]
+           "new_session", "params_of", "run_update", "session_model"]

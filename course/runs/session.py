@@ -31,9 +31,20 @@ def masked_micro_batches(cuts=LABEL_CUTS, seed: int = 7) -> list[TextBatch]:
     return [collate(samples[2 * j:2 * j + 2], shifted_target_count) for j in range(len(cuts))]
 
 
-def global_batch_gradients(batches: list[TextBatch]) -> tuple[dict, torch.Tensor, int]:
-    """The oracle: one forward/backward of the whole global batch, loss = NLL sum / its valid tokens."""
+def session_model(params: dict | None = None):
+    """The lesson's tiny model, holding ``params`` (``params_of`` a session's model after earlier updates) if given."""
     model = tiny_model(SESSION_SCENARIO)
+    if params is not None:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(params[name])
+    return model
+
+
+def global_batch_gradients(batches: list[TextBatch], params: dict | None = None) -> tuple[dict, torch.Tensor, int]:
+    """The oracle: one forward/backward of the whole global batch, loss = NLL sum / its valid tokens, on the
+    tiny model (holding ``params`` when given)."""
+    model = session_model(params)
     input_ids = torch.cat([b.input_ids for b in batches])
     labels = torch.cat([b.labels for b in batches])
     units = sum(b.loss_units for b in batches)

@@ -7,7 +7,8 @@ catalogue in ``mistakes``.
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, hints, migration, mistakes, session, session_runtime, test_writing
+from . import (checks, equivalent_mutants, hints, migration, mistakes, session, session_runtime, session_updates,
+               test_writing)
 
 LESSON = Lesson(
     lesson_id="16",
@@ -22,7 +23,7 @@ LESSON = Lesson(
         Exercise("test_token_weighted_matches_global_batch", "16 §4.4", points=2),
         Exercise("migrate_train_state", "16 §5.4", points=1, hidden_points=1),
     ],
-    checks=checks_in(checks, session, session_runtime, migration, test_writing),
+    checks=checks_in(checks, session, session_updates, session_runtime, migration, test_writing),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,

@@ -17,6 +17,15 @@ GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
 # --- count_loss_units ----------------------------------------------------------------------
 
 
+def count_hint(labels: torch.Tensor, got) -> str:
+    """The cause a wrong count of ``labels``' targets points at: masked targets counted, or the shift forgotten."""
+    if got == int((labels != -100).sum()):
+        return "hint: counted labels != -100 without the shift: position 0 is never a target (labels[..., 1:])"
+    if got in (labels[..., 1:].numel(), labels.numel()):
+        return "hint: counted masked targets too: a label of -100 (padding, prompt) is no target"
+    return ""
+
+
 @check("count_loss_units")
 def count_loss_units_sees_the_shift(impl):
     """Counts labels[..., 1:] != -100: position 0 is never a target, -100 anywhere never counts."""
@@ -27,56 +36,74 @@ def count_loss_units_sees_the_shift(impl):
         ([[7]], 0),                                      # one position: nothing to predict
         ([3, -100, 4, 5], 2),                            # a single sequence [seq]
         ([[9, 9, 9], [9, -100, -100], [9, 9, -100]], 3),
+        ([[4, -100, 6, -100, 8, -100]], 2),              # masked every other position (unmasked prompt/answer)
     ]
     for labels, expected in cases:
-        got = impl.count_loss_units(torch.tensor(labels))
+        labels = torch.tensor(labels)
+        got = impl.count_loss_units(labels)
         if not isinstance(got, int):
-            fail(f"count_loss_units({labels}) type", type(got).__name__, "int (a host-side count)")
-        expect_equal(f"count_loss_units({labels})", got, expected)
+            fail(f"count_loss_units({labels.tolist()}) type", type(got).__name__, "int (a host-side count)")
+        if got != expected:
+            fail(f"count_loss_units({labels.tolist()})", got, expected, count_hint(labels, got))
 
 
 @check("count_loss_units", hidden=True)
 def count_loss_units_rejects_bad_labels(impl):
-    """A 0-dim tensor or float labels raise ValueError naming labels."""
-    expect_raises("count_loss_units(tensor(3))", lambda: impl.count_loss_units(torch.tensor(3)), ValueError, "labels")
-    expect_raises("count_loss_units(float labels)", lambda: impl.count_loss_units(torch.ones(2, 4)), ValueError,
-                  "labels")
+    """A 0-dim tensor, float or bool labels raise ValueError naming labels."""
+    for what, labels in (("tensor(3)", torch.tensor(3)), ("float labels", torch.ones(2, 4)),
+                         ("bool labels", torch.ones(2, 4, dtype=torch.bool))):
+        expect_raises(f"count_loss_units({what})", lambda: impl.count_loss_units(labels), ValueError, "labels",
+                      arguments=("labels",))
 
 
 # --- split_global_batch / steps_per_epoch --------------------------------------------------
 
+SPLIT_ARGUMENTS = ("samples", "global_batch_size", "accumulation_steps")
+
+
 @check("split_global_batch")
 def split_global_batch_micro_sizes(impl):
-    """8 samples, global 8 / accum 4 -> four micro-batches of 2, in order; short tails split over what remains."""
+    """8 samples, global 8 / accum 4 -> four micro-batches of 2, in order; short tails split over what remains;
+    any sequence of samples (a tuple, a range) gives a list of lists."""
     cases = [((list(range(8)), 8, 4), [[0, 1], [2, 3], [4, 5], [6, 7]]),
              ((list(range(5)), 8, 4), [[0, 1], [2, 3], [4]]),
              ((list(range(3)), 8, 4), [[0, 1], [2]]),
-             ((list(range(6)), 6, 1), [[0, 1, 2, 3, 4, 5]]),
-             ((list(range(6)), 6, 6), [[0], [1], [2], [3], [4], [5]])]
+             ((["only"], 8, 4), [["only"]]),                  # a tail of one sample
+             ((["only"], 1, 1), [["only"]]),                  # the smallest global batch
+             ((tuple(range(6)), 6, 1), [[0, 1, 2, 3, 4, 5]]),
+             ((range(6), 6, 6), [[0], [1], [2], [3], [4], [5]]),
+             ((list(range(9)), 12, 3), [[0, 1, 2, 3], [4, 5, 6, 7], [8]])]
     for (samples, global_batch, accum), expected in cases:
-        got = [list(m) for m in impl.split_global_batch(samples, global_batch, accum)]
-        expect_equal(f"split_global_batch({samples}, global_batch_size={global_batch}, accumulation_steps={accum})",
-                     got, expected)
+        what = f"split_global_batch({samples!r}, global_batch_size={global_batch}, accumulation_steps={accum})"
+        try:
+            got = impl.split_global_batch(samples, global_batch, accum)
+        except ValueError as exc:   # the arguments are valid
+            fail(what, f"ValueError: {exc}", expected)
+        if not (isinstance(got, list) and all(isinstance(m, list) for m in got)):
+            got = type(got).__name__ + " of " + ", ".join(sorted({type(m).__name__ for m in got}))
+        expect_equal(what, got, expected)
 
 
 @check("split_global_batch", hidden=True)
 def split_global_batch_fails_fast(impl):
     """global % accum != 0, sizes < 1, empty or oversized sample lists raise ValueError naming the argument."""
-    expect_raises("split_global_batch(8 samples, 8, 3)", lambda: impl.split_global_batch(list(range(8)), 8, 3),
-                  ValueError, "accumulation_steps")
-    expect_raises("split_global_batch(.., 0, 1)", lambda: impl.split_global_batch([1], 0, 1), ValueError,
-                  "global_batch_size")
-    expect_raises("split_global_batch(.., 4, 0)", lambda: impl.split_global_batch([1], 4, 0), ValueError,
-                  "accumulation_steps")
-    expect_raises("split_global_batch([], 4, 2)", lambda: impl.split_global_batch([], 4, 2), ValueError, "samples")
-    expect_raises("split_global_batch(9 samples, 8, 4)", lambda: impl.split_global_batch(list(range(9)), 8, 4),
-                  ValueError, "samples")
+    cases = [((list(range(8)), 8, 3), "accumulation_steps"), ((list(range(4)), 6, 4), "accumulation_steps"),
+             (([1], 0, 1), "global_batch_size"), (([1], -2, 2), "global_batch_size"),
+             (([1], 4, 0), "accumulation_steps"), (([1], 4, -1), "accumulation_steps"),
+             (([], 4, 2), "samples"), ((list(range(9)), 8, 4), "samples")]
+    for (samples, global_batch, accum), bad in cases:
+        expect_raises(f"split_global_batch({len(samples)} samples, {global_batch}, {accum})",
+                      lambda: impl.split_global_batch(samples, global_batch, accum), ValueError, bad,
+                      arguments=SPLIT_ARGUMENTS)
 
 
 @check("steps_per_epoch")
 def steps_per_epoch_is_ceil(impl):
     """ceil(samples / global batch): a short tail is one more update."""
-    for count, global_batch, expected in [(160, 8, 20), (161, 8, 21), (20, 8, 3), (7, 8, 1), (0, 8, 0), (8, 1, 8)]:
+    for count, global_batch, expected in [(160, 8, 20), (161, 8, 21), (20, 8, 3), (7, 8, 1), (0, 8, 0), (8, 1, 8),
+                                          (1, 1, 1), (9, 8, 2)]:
         expect_equal(f"steps_per_epoch({count}, {global_batch})", impl.steps_per_epoch(count, global_batch), expected)
-    expect_raises("steps_per_epoch(10, 0)", lambda: impl.steps_per_epoch(10, 0), ValueError, "global_batch_size")
-    expect_raises("steps_per_epoch(-1, 8)", lambda: impl.steps_per_epoch(-1, 8), ValueError, "sample_count")
+    for (count, global_batch), bad in (((10, 0), "global_batch_size"), ((10, -8), "global_batch_size"),
+                                       ((-1, 8), "sample_count")):
+        expect_raises(f"steps_per_epoch({count}, {global_batch})", lambda: impl.steps_per_epoch(count, global_batch),
+                      ValueError, bad, arguments=("sample_count", "global_batch_size"))

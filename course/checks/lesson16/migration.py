@@ -13,6 +13,8 @@ LEGACY = {"epoch": 1, "step": 7, "batch_size": 2, "accum_steps": 4, "sample_coun
 # Lesson 15's stage assembly at the end of an epoch: 160 samples in micro-batches of 6 is 27 micro-steps; with
 # accum 4 the tail flush applied micro-steps 25-27 before the save.
 LEGACY_EPOCH_END = {"epoch": 0, "step": 27, "batch_size": 6, "accum_steps": 4, "sample_count": 160}
+# the keys a message may name: the bad one must come first
+LEGACY_KEYS = ("batch_size_semantics", "batch_size", "sample_count", "accum_steps", "step", "epoch")
 
 
 @check("migrate_train_state")
@@ -43,12 +45,15 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
     expect_equal("migrate_train_state(global state)", impl.migrate_train_state(dict(new)), new)
     expect_raises("batch_size_semantics='micro'",
                   lambda: impl.migrate_train_state(dict(new, batch_size_semantics="micro")), ValueError,
-                  "batch_size_semantics")
-    expect_raises("legacy accum_steps=0", lambda: impl.migrate_train_state(dict(LEGACY, accum_steps=0)), ValueError,
-                  "accum_steps")
+                  "batch_size_semantics", arguments=LEGACY_KEYS)
+    for key, bad in (("accum_steps", 0), ("batch_size", 0), ("sample_count", 0), ("step", -1), ("epoch", -1),
+                     ("batch_size", "2"), ("accum_steps", 2.0)):
+        expect_raises(f"legacy {key}={bad!r}", lambda: impl.migrate_train_state(dict(LEGACY, **{key: bad})),
+                      ValueError, key, arguments=LEGACY_KEYS)
     for key in ("batch_size", "sample_count"):
         expect_raises(f"legacy without {key} (it has no default)",
-                      lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != key}), ValueError, key)
+                      lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != key}), ValueError, key,
+                      arguments=LEGACY_KEYS)
 
 
 def migrated_or_fail(impl, state: dict, fields: tuple, expected: tuple) -> dict:
@@ -75,7 +80,7 @@ def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
                  (mid["epoch"], mid["update_step_in_epoch"], mid["dropped_microsteps"]), (0, 6, 2))
     expect_raises("legacy step 28 > ceil(160 / 6) = 27", lambda: impl.migrate_train_state(dict(LEGACY_EPOCH_END,
                                                                                                   step=28)),
-                  ValueError, "step")
+                  ValueError, "step", arguments=LEGACY_KEYS)
 
 
 @check("migrate_train_state", hidden=True)
@@ -85,3 +90,21 @@ def migrate_fills_documented_legacy_defaults(impl):
     migrated = migrated_or_fail(impl, {"batch_size": 4, "sample_count": 40}, fields, (0, 0, 1, 4, 0))
     expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
                  tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
+
+
+@check("migrate_train_state", hidden=True)
+def migrate_handles_legacy_boundaries(impl):
+    """Legacy states at the edges of their range: one-sample micro-batches and epochs, accum_steps 1 (no micro-step
+    is ever dropped), step 0, a window longer than the epoch, the epoch's end with and without a partial window."""
+    fields = ("epoch", "update_step_in_epoch", "sample_position", "dropped_microsteps", "global_batch_size")
+    cases = [({"batch_size": 1, "sample_count": 1}, (0, 0, 0, 0, 1)),
+             ({"batch_size": 1, "sample_count": 1, "step": 1}, (1, 0, 0, 0, 1)),                 # the epoch's end
+             ({"batch_size": 3, "sample_count": 10, "accum_steps": 1, "step": 3, "epoch": 2}, (2, 3, 9, 0, 3)),
+             ({"batch_size": 3, "sample_count": 10, "accum_steps": 1, "step": 4, "epoch": 2}, (3, 0, 0, 0, 3)),
+             ({"batch_size": 2, "sample_count": 40, "accum_steps": 4, "step": 0, "epoch": 3}, (3, 0, 0, 0, 8)),
+             ({"batch_size": 4, "sample_count": 10, "accum_steps": 8, "step": 2}, (0, 0, 0, 2, 32)),
+             ({"batch_size": 4, "sample_count": 10, "accum_steps": 8, "step": 3}, (1, 0, 0, 0, 32)),
+             ({"batch_size": 5, "sample_count": 40, "accum_steps": 2, "step": 8, "epoch": 1}, (2, 0, 0, 0, 10))]
+    for state, expected in cases:
+        migrated = migrated_or_fail(impl, state, fields, expected)
+        expect_equal(f"migrate_train_state({state}): {fields}", tuple(migrated.get(k) for k in fields), expected)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from ..catalogue import equivalent, mistake
 from ..student_tests import COMPARE_EVERY_PARAMETER, assert_gradients, weak_comparisons
-from .checks import count_loss_units_sees_the_shift, split_global_batch_micro_sizes, steps_per_epoch_is_ceil
-from .migration import (migrate_fills_documented_legacy_defaults, migrate_legacy_state_to_global_semantics,
+from .checks import (count_loss_units_rejects_bad_labels, count_loss_units_sees_the_shift,
+                     split_global_batch_fails_fast, split_global_batch_micro_sizes, steps_per_epoch_is_ceil)
+from .migration import (migrate_fills_documented_legacy_defaults, migrate_handles_legacy_boundaries,
+                        migrate_keeps_global_states_and_rejects_bad_ones, migrate_legacy_state_to_global_semantics,
                         migrate_resumes_an_epoch_end_at_the_next_epoch)
 from .session import (session_abort_discards_the_update, session_clips_the_update,
                       session_error_anywhere_invalidates_the_accumulation, session_error_invalidates_the_accumulation,
                       session_force_update_commits_a_tail, session_global_normalization_matches_one_backward,
-                      session_rejects_zero_normalization_units, session_sets_lr_and_normalization_is_fixed_per_update,
-                      session_state_and_load_state_round_trip)
-from .session_runtime import (session_amp_scaler_overflow_and_unscale_before_clip, session_keeps_loss_sums_on_device,
-                              session_skipped_update_calls_no_after_update,
+                      session_rejects_a_bad_step_output, session_rejects_zero_normalization_units,
+                      session_sets_lr_and_normalization_is_fixed_per_update, session_state_and_load_state_round_trip,
+                      session_two_microsteps_one_optimizer_step)
+from .session_runtime import (session_accumulates_detached_loss_sums,
+                              session_amp_scaler_overflow_and_unscale_before_clip, session_keeps_loss_sums_on_device,
+                              session_scaler_growth_is_no_skip, session_skipped_update_calls_no_after_update,
                               session_uses_no_sync_before_the_last_microstep)
+from .session_updates import session_consecutive_updates_start_clean, session_k1_every_microstep_is_an_update
 from .test_writing import token_weighted_test_passes_correct_and_fails_wrong
 
 MISTAKES = [
@@ -137,6 +142,94 @@ MISTAKES = [
         "migrate_train_state", 'legacy = {**LEGACY_DEFAULTS, **state}',
         'legacy = dict(state)',
         migrate_fills_documented_legacy_defaults),
+    mistake('counts_masked_targets', 'counts every shifted position, masked (-100) ones included',
+        "count_loss_units", 'return int((labels[..., 1:] != IGNORE_INDEX).sum())',
+        'return labels[..., 1:].numel()',
+        count_loss_units_sees_the_shift),
+    mistake('bool_labels_accepted', 'counts a bool tensor (a mask, not token ids) instead of rejecting it',
+        "count_loss_units", 'labels.dtype.is_complex or labels.dtype == torch.bool:', 'labels.dtype.is_complex:',
+        count_loss_units_rejects_bad_labels),
+    mistake('split_returns_input_slices', 'slices the samples as given: a tuple or a range gives no list of lists',
+        "split_global_batch", '    samples = list(samples)\n', '',
+        split_global_batch_micro_sizes),
+    mistake('split_rejects_one_sample', 'refuses a tail global batch of a single sample',
+        "split_global_batch", 'if not 1 <= len(samples) <= global_batch_size:',
+        'if not 1 < len(samples) <= global_batch_size:',
+        split_global_batch_micro_sizes),
+    mistake('split_names_global_batch_first', 'a global batch accumulation_steps does not divide: the message '
+        'names global_batch_size first, not the bad accumulation_steps',
+        "split_global_batch", 'f"accumulation_steps ({accumulation_steps}) must divide global_batch_size "',
+        'f"global_batch_size ({global_batch_size}) is not divisible by accumulation_steps "',
+        split_global_batch_fails_fast),
+    mistake('steps_accept_negative_global_batch', 'checks global_batch_size == 0 only: -8 gives a negative count',
+        "steps_per_epoch", 'if global_batch_size <= 0:', 'if global_batch_size == 0:',
+        steps_per_epoch_is_ceil),
+    mistake('loss_sum_kept_attached', "adds output.loss_sum without .detach(): every micro-step's graph stays "
+        'alive until the update closes',
+        "TrainingSession._train_step", 'loss_sum = output.loss_sum.detach()', 'loss_sum = output.loss_sum',
+        session_accumulates_detached_loss_sums),
+    mistake('skip_on_any_scale_change', 'takes any change of the GradScaler scale for a skip: a grown scale too',
+        "TrainingSession._close_update", 'self.scaler.get_scale() < scale_before',
+        'self.scaler.get_scale() != scale_before',
+        session_scaler_growth_is_no_skip),
+    mistake('clip_hard_coded', 'clips to a hard-coded max_norm of 1.0 instead of options.clip_grad_norm',
+        "TrainingSession._close_update",
+        'clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)',
+        'clip_grad_norm_(self.model.parameters(), 1.0)',
+        session_clips_the_update),
+    mistake('k_hard_coded', 'closes an update every 4 micro-steps whatever accumulation_steps is',
+        "TrainingSession._train_step", 'should_step_optimizer(self.microsteps_accumulated + 1,\n'
+        '                                                                      self.accumulation_steps)',
+        'should_step_optimizer(self.microsteps_accumulated + 1, 4)',
+        session_k1_every_microstep_is_an_update),
+    mistake('lr_from_the_constructor', "writes the optimizer's construction lr instead of options.lr",
+        "TrainingSession._train_step", 'group["lr"] = options.lr', 'group["lr"] = self.optimizer.defaults["lr"]',
+        session_consecutive_updates_start_clean),
+    mistake('loss_totals_carry_over', "closing an update resets the micro-step count but not the loss totals: "
+        "the next update reports both updates' loss",
+        "TrainingSession._close_update",
+        '        self.optimizer.zero_grad(set_to_none=True)\n        self._clear_pending()\n',
+        '        self.optimizer.zero_grad(set_to_none=True)\n        self.microsteps_accumulated = 0\n',
+        session_consecutive_updates_start_clean),
+    mistake('empty_micro_batch_rejected', 'refuses a micro-batch without valid targets (gradient_units 0)',
+        "TrainingSession._train_step", 'if output.gradient_units < 0:', 'if output.gradient_units <= 0:',
+        session_consecutive_updates_start_clean),
+    mistake('negative_normalization_accepted', 'refuses normalization_units == 0 only: -1 flips the gradient',
+        "TrainingSession._train_step", 'if options.normalization_units <= 0:', 'if options.normalization_units == 0:',
+        session_rejects_zero_normalization_units),
+    mistake('step_output_unchecked', 'uses whatever step_fn returns: a bare tensor fails later with an '
+        'AttributeError', "TrainingSession._train_step",
+        '            if not isinstance(output, TrainingStepOutput):\n'
+        '                raise TypeError(f"step_fn must return a TrainingStepOutput, got {type(output).__name__}")\n',
+        '', session_rejects_a_bad_step_output),
+    mistake('negative_gradient_units_accepted', 'backpropagates a negative gradient_units (gradient ascent)',
+        "TrainingSession._train_step",
+        '            if output.gradient_units < 0:\n'
+        '                raise ValueError(f"gradient_units must be >= 0, got {output.gradient_units}")\n',
+        '', session_rejects_a_bad_step_output),
+    mistake('zero_grad_keeps_zeros', 'zero_grad(set_to_none=False) after an update: zero tensors, not None '
+        '(AdamW then decays parameters no micro-batch reached)',
+        "TrainingSession._close_update", 'self.optimizer.zero_grad(set_to_none=True)',
+        'self.optimizer.zero_grad(set_to_none=False)',
+        session_two_microsteps_one_optimizer_step),
+    mistake('reset_keeps_zeros', 'reset_accumulation() zeroes the gradients instead of dropping them',
+        "TrainingSession.reset_accumulation", 'self.optimizer.zero_grad(set_to_none=True)',
+        'self.optimizer.zero_grad(set_to_none=False)',
+        session_error_invalidates_the_accumulation),
+    mistake('state_lr_of_last_group', "state() reports the lr of the last param group, not group 0's",
+        "TrainingSession.state", 'lr=self.optimizer.param_groups[0]["lr"]', 'lr=self.optimizer.param_groups[-1]["lr"]',
+        session_state_and_load_state_round_trip),
+    mistake('legacy_zero_batch_size_accepted', 'accepts a legacy batch_size of 0 (ZeroDivisionError later)',
+        "migrate_train_state", '("batch_size", 1), ("sample_count", 1)', '("batch_size", 0), ("sample_count", 1)',
+        migrate_keeps_global_states_and_rejects_bad_ones),
+    mistake('legacy_negative_step_accepted', 'accepts a legacy step of -1',
+        "migrate_train_state", '("step", 0), ("epoch", 0)', '("step", -1), ("epoch", 0)',
+        migrate_keeps_global_states_and_rejects_bad_ones),
+    mistake('legacy_epoch_end_by_window', 'takes a step past the last full window (step >= update_count * accum) '
+        'for the epoch end',
+        "migrate_train_state", 'if step == micro_steps_per_epoch:',
+        'if step >= micro_steps_per_epoch // accum * accum:',
+        migrate_handles_legacy_boundaries),
     # the student's test (reference: course/reference/train_session.py) with one edit each
     *weak_comparisons("test_token_weighted_matches_global_batch", "1e-5",
                       token_weighted_test_passes_correct_and_fails_wrong),

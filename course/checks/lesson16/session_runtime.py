@@ -6,14 +6,17 @@ import contextlib
 
 import torch
 
-from course.protocol.driver import run_text_training
-from course.protocol.text import token_weighted_step
-from course.protocol.types import TrainingRunState, TrainingStepOptions
+from course.protocol.driver import epoch_order, run_text_training
+from course.protocol.text import shifted_target_count, token_nll_sum, token_weighted_step
+from course.protocol.types import TrainingRunState, TrainingStepOptions, TrainingStepOutput
 from course.runs import (SESSION_SCENARIO, global_batch_gradients, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches, tiny_model)
+from course.runs.eager import eager
 
-from ..framework import check, expect_close, expect_equal, expect_tensors_close
+from ..framework import check, expect_close, expect_equal, expect_tensors_close, fail
 from ..host_syncs import count_host_syncs
+from .checks import count_hint
+from .session import gradient_norm
 
 
 @check("TrainingSession", hidden=True)
@@ -49,7 +52,7 @@ def session_uses_no_sync_before_the_last_microstep(impl):
             self.forward_log.append(self.in_no_sync)
             return self.inner(input_ids, labels=labels)
     model = SyncRecorder(tiny_model(SESSION_SCENARIO))
-    session = impl.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1), accumulation_steps=4)
+    session = impl.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1), accumulation_steps=4)
     run_update(session, masked_micro_batches()[:3])
     expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
                  model.forward_log, [True, True, False])
@@ -60,8 +63,7 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
     """Enabled GradScaler('cpu'): the pre-clip norm is the UNSCALED one; an inf gradient skips the step
     (parameters_updated False, overflow_skipped True, scale halved) and the next update steps."""
     batches = masked_micro_batches()
-    expected, _, _ = global_batch_gradients(batches)
-    want = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()])))
+    want = gradient_norm(global_batch_gradients(batches)[0])
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     session = new_session(impl, 4, scaler=scaler)
     report = run_update(session, batches, clip=0.01)[-1]
@@ -91,7 +93,51 @@ def session_skipped_update_calls_no_after_update(impl):
     hook.remove()
     run_update(session, masked_micro_batches(), after_update=lambda: calls.append("next update"))
     expect_equal("overflow_skipped of the update with an inf gradient", skipped.overflow_skipped, True)
-    expect_equal("after_update calls (skipped update, then a clean one)", calls, ["next update"])
+    if calls != ["next update"]:
+        fail("after_update calls (skipped update, then a clean one)", calls, ["next update"],
+             "hint: after_update runs only when the optimizer stepped: never on an update the GradScaler skipped")
+
+
+@check("TrainingSession", hidden=True)
+def session_scaler_growth_is_no_skip(impl):
+    """GradScaler('cpu', growth_interval=1) doubles its scale after every clean step: a scale that GREW is no
+    skip (only a lower scale is); every update steps, runs after_update and reports the unscaled norm."""
+    batches = masked_micro_batches()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=1)
+    session = new_session(impl, 4, scaler=scaler)
+    calls: list = []
+    want = gradient_norm(global_batch_gradients(batches)[0])
+    report = run_update(session, batches, clip=0.01, after_update=lambda: calls.append(1))[-1]
+    expect_close("grad_norm with a growing GradScaler (unscaled)", report.grad_norm and float(report.grad_norm),
+                 want, rtol=1e-5)
+    run_update(session, batches[:2], after_update=lambda: calls.append(2))
+    expect_equal("2 clean updates with growth_interval=1: (parameters_updated, overflow_skipped, optimizer_step, "
+                 "after_update calls, scale)", (report.parameters_updated, report.overflow_skipped,
+                                                session.optimizer_step, calls, scaler.get_scale()),
+                 (True, False, 2, [1, 2], 2.0 ** 10))
+
+
+@check("TrainingSession", hidden=True)
+def session_accumulates_detached_loss_sums(impl):
+    """A step_fn whose loss_sum still carries its graph: the session keeps loss_sum.detach(), so no micro-step's
+    graph stays alive in the update's total (state().loss_sum, the report's loss_sum)."""
+    def attached_step(model, batch):
+        output = token_weighted_step(model, batch)
+        nll_sum = token_nll_sum(model(batch.input_ids).logits, batch.labels)   # with its graph
+        return TrainingStepOutput(output.loss, output.gradient_units, nll_sum, output.loss_units)
+    batches = masked_micro_batches()[:3]
+    session = new_session(impl, 3)
+    options = TrainingStepOptions(normalization_units=sum(b.loss_units for b in batches))
+    reports = [session.train_step(batch, options, attached_step) for batch in batches[:2]]
+    pending = session.state().loss_sum
+    report = session.train_step(batches[2], options, attached_step)
+    for what, total in (("state().loss_sum after 2 of 3 micro-steps", pending),
+                        ("loss_sum reported at the boundary", report.loss_sum)):
+        if not torch.is_tensor(total) or total.requires_grad:
+            fail(f"{what}: requires_grad (a graph kept alive)", getattr(total, "requires_grad", total), False,
+                 "hint: accumulate output.loss_sum.detach(): the sum of attached tensors keeps every micro-step's "
+                 "graph (activations) in memory until the update closes")
+    expect_equal("micro-steps before the boundary", [r.parameters_updated for r in reports], [False, False])
 
 
 @check("TrainingSession", hidden=True)
@@ -112,10 +158,15 @@ def session_runs_step_fn_under_autocast(impl):
 
 @check("TrainingSession", hidden=True, uses=("count_loss_units", "split_global_batch", "steps_per_epoch"))
 def session_drives_the_text_run(impl):
-    """The run driver with this implementation: 20 samples, global 8 / accum 4 -> updates of 8, 8, 4 samples
-    (4, 4, 2 micro-steps), one optimizer step each; max_steps=2 stops after 2 UPDATES."""
+    """The run driver with this implementation: 20 samples (labels masked from a per-sample cut), global 8 /
+    accum 4 -> updates of 8, 8, 4 samples (4, 4, 2 micro-steps), one optimizer step each, each normalized by its
+    global batch's valid shifted targets; max_steps=2 stops after 2 UPDATES."""
     input_ids, labels = tiny_batches(20, SESSION_SCENARIO.max_length, 1, 3)[0]
+    labels = labels.clone()
+    for i in range(len(labels)):
+        labels[i, 16 - 3 * (i % 5):] = -100          # 0, 3, 6, 9 or 12 masked positions
     dataset = list(zip(input_ids, labels))
+    order = epoch_order(len(dataset), TrainingRunState().seed, 0)
     for max_steps, expected in [(0, [(8, 4), (8, 4), (4, 2)]), (2, [(8, 4), (8, 4)])]:
         session = new_session(impl, 4)
         records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accumulation_steps=4,
@@ -123,3 +174,9 @@ def session_drives_the_text_run(impl):
         expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
                      [(r["samples"], r["microsteps"]) for r in records], expected)
         expect_equal(f"optimizer steps, max_steps={max_steps}", session.optimizer_step, len(expected))
+    for update, record in enumerate(records):
+        update_labels = labels[order[8 * update:8 * update + 8]]
+        if record["normalization_units"] != shifted_target_count(update_labels):
+            fail(f"normalization_units of update {update + 1} (its global batch's valid shifted targets)",
+                 record["normalization_units"], shifted_target_count(update_labels),
+                 count_hint(update_labels, record["normalization_units"]))
