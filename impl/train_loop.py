@@ -100,7 +100,7 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
       ``start_step + 1``. The lr follows ``cosine_lr`` over the GLOBAL micro-step of the whole run (all
       epochs), so it restarts neither at an epoch nor at a resume.
     - Every micro-step runs at its own lr, in EVERY param group, including the micro-steps that close no
-      window: whatever update runs next (a tail flush too) uses the lr of the micro-step before it.
+      window (a model may have several groups; the tail flush is graded on this rule).
     - The training loss is the LM loss plus the MoE aux loss, always both; what is backpropagated is that
       loss made 1/K by ``scale_loss_for_accumulation``, through the scaler. Gradients add up over a window.
     - Each window's accumulated gradient is applied exactly once, by one optimizer step through the
