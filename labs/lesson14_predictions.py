@@ -8,7 +8,9 @@ and prints what the prediction asked for:
   2. which micro-steps close an update in an epoch of 10 micro-steps with K = 4;
   3. a resume at start_step == iters (6 micro-batches, K = 4, so 6 % 4 != 0): does the tail flush run?
   4. an enabled GradScaler whose only window overflows: the weights, the AdamW step count, the scale;
-  5. the rate each optimizer.step runs with, the tail flush included.
+  5. the rate each optimizer.step runs with, the tail flush included;
+  6. an enabled GradScaler, one window: the norm recorded and the norm the step uses, unscaling before the
+     clip (the oracle's order) and clipping the still-scaled gradients first.
 """
 from __future__ import annotations
 
@@ -46,6 +48,31 @@ def closed_steps(records) -> list[int]:
     return [r["step"] for r in records if r["update_closed"]]
 
 
+def gradient_norm(params) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+
+
+def clip_orders(scenario: LoopScenario):
+    """One window of ``scenario`` backpropagated through its enabled GradScaler, then unscaled and clipped in
+    both orders: unscale -> clip (the oracle's) and clip -> unscale. Returns the scale and, per order, (the norm
+    clip_grad_norm_ returns, the norm of the gradients an optimizer step would then use)."""
+    objects = training_objects(scenario)
+    params = [p for p in objects.model.parameters()]
+    for input_ids, labels in epoch_batches(scenario, 0):
+        out = objects.model(input_ids, labels=labels)
+        objects.scaler.scale((out.loss + out.aux_loss) / scenario.accumulation_steps).backward()
+    scaled = [p.grad.clone() for p in params]
+    scale = objects.scaler.get_scale()
+    objects.scaler.unscale_(objects.optimizer)
+    right = float(torch.nn.utils.clip_grad_norm_(params, scenario.grad_clip)), gradient_norm(params)
+    for p, g in zip(params, scaled):
+        p.grad = g.clone()
+    recorded = float(torch.nn.utils.clip_grad_norm_(params, scenario.grad_clip))
+    for p in params:
+        p.grad.mul_(1.0 / scale)          # what unscale_ does to each gradient, now after the clip
+    return scale, right, (recorded, gradient_norm(params))
+
+
 def main() -> None:
     base_lr, total = 5e-4, 20
     print("1. schedule, base_lr 5e-4, T = 20 micro-steps:")
@@ -80,6 +107,13 @@ def main() -> None:
     by_step = {r["step"]: r["lr"] for r in records}
     for step, lr in zip(closed_steps(records), step_lrs):
         print(f"   epoch 0 update at micro-step {step}: lr {lr:.8f} (lr of micro-step {step}: {by_step[step]:.8f})")
+
+    print("6. enabled GradScaler('cpu'), 4 micro-batches, K = 4, grad_clip = 1.0, no overflow:")
+    scale, right, wrong = clip_orders(BASE.with_(name="enabled GradScaler, 4 micro-batches, K=4", iters=4,
+                                                 scaler_enabled=True))
+    print(f"   scale {scale}")
+    print(f"   unscale -> clip: norm recorded {right[0]:.6f}, norm the step uses {right[1]:.6f}")
+    print(f"   clip -> unscale: norm recorded {wrong[0]:.2f}, norm the step uses {wrong[1]:.3e}")
 
 
 if __name__ == "__main__":

@@ -71,3 +71,12 @@ def test_the_notebook_folds_each_hint_under_its_exercise(lesson, tmp_path):
         assert ids[position - 1] == exercise, f"the hints of {exercise} should follow its cell, not {ids[position - 1]}"
         text = nb.cells[position].source
         assert text.count("<details>") == len(hints.LEVELS) and ladder[-1] in text, text[:300]
+
+
+@pytest.mark.parametrize("lesson", sorted(LESSONS.values(), key=lambda l: l.lesson_id), ids=lambda l: l.lesson_id)
+def test_every_exercise_has_a_ladder(lesson):
+    """Every exercise of every lesson, optional extensions included, has its four hints: what moved out of the
+    stub docstrings (the formula, the order, the trick) must be reachable one level at a time."""
+    missing = [e.name for e in lesson.exercises if e.name not in lesson.hints]
+    assert not missing, f"lesson {lesson.lesson_id}: no hint ladder for {missing} (HINTS in its hints.py)"
+    hints.validate(lesson.lesson_id, lesson.hints, lesson.exercises)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import re
 
 import pytest
 
@@ -56,3 +57,16 @@ def test_answers_follow_the_rules_of_the_lesson(lab_output):
     ]
     missing = [line for line in expected_lines if line not in lab_output]
     assert not missing, f"lab output lacks\n  EXPECTED: {missing}\n  ACTUAL:\n{lab_output}"
+
+
+def test_clipping_before_unscaling_answers_follow_section_1_5(lab_output):
+    """Prediction 6: clipping the still-scaled gradients records scale x the true norm, and the step then uses
+    a gradient of norm grad_clip / scale (§1.5's reasoning, computed here from the lab's own numbers)."""
+    numbers = re.search(r"scale ([\d.]+)\n.*unscale -> clip: norm recorded ([\d.]+), norm the step uses ([\d.]+)\n"
+                        r".*clip -> unscale: norm recorded ([\d.]+), norm the step uses ([\d.e+-]+)", lab_output)
+    assert numbers, lab_output
+    scale, true_norm, right_step, wrong_recorded, wrong_step = map(float, numbers.groups())
+    assert scale == 65536.0 and true_norm > 1.0, "the scenario should clip in the right order too"
+    assert right_step == pytest.approx(1.0, rel=1e-4)
+    assert wrong_recorded == pytest.approx(scale * true_norm, rel=1e-5)
+    assert wrong_step == pytest.approx(1.0 / scale, rel=1e-3)

@@ -41,10 +41,44 @@ def test_alignment_report(impl_module, impl_name):
 def test_failures_hint_at_the_likely_cause(mistake_name, hint):
     """Numeric failures whose numbers point at a known cause say so (the mistake is built from the reference,
     the message from the check; neither computes the other)."""
+    message = failure_message(mistake_name)
+    assert hint in message, f"{mistake_name}\n  ACTUAL: {message}\n  EXPECTED: ...{hint}..."
+
+
+def failure_message(mistake_name: str) -> str:
     mistake = next(m for m in LESSON.mistakes if m.name == mistake_name)
     check = next(c for c in LESSON.checks if c.name == mistake.caught_by)
     result = run_check(check, mistake.build())
-    assert hint in result.message, f"{mistake_name}\n  ACTUAL: {result.message}\n  EXPECTED: ...{hint}..."
+    assert result.status == "FAIL", f"{mistake_name}: {check.name} says {result.status}"
+    return result.message
+
+
+@pytest.mark.parametrize("mistake_name, rule", [
+    ("clip_before_unscale", "clipping the still-scaled gradients: unscale first"),
+    ("no_tail_flush", "the tail flush is missing"),
+    ("tail_flush_from_iters", "never from iters"),
+    ("skipped_update_not_closed", "a skipped update still closes its window"),
+    ("overflow_never_reported", "report overflow_skipped=True there"),
+    ("tail_overflow_not_reported", "in the tail flush too"),
+    ("overflow_on_scale_growth", "a scale that grows (after growth_interval clean updates) is no skip"),
+    ("lr_only_at_optimizer_steps", "at EVERY micro-step"),
+    ("schedule_ignores_epoch", "the schedule restarts every epoch"),
+    ("ignores_start_step", "micro-steps continue after a resume"),
+    ("lr_in_first_group_only", "EVERY optimizer.param_groups entry"),
+    ("scaler_none_enabled", "scaler=None means a DISABLED GradScaler"),
+    ("tail_flush_not_marked", "tail_flush=True"),
+    ("grad_norm_zero_without_update", "grad_norm is None where no update closed"),
+    ("zero_grad_keeps_zeros", "every .grad is None, not a tensor of zeros"),
+    ("k_checked_by_scale_loss", "check every argument before touching the loader"),
+    ("off_by_one_step", "a window closes on its K-th micro-step"),
+    ("flush_ignores_start_step", "this call ran no micro-step"),
+    ("flush_counts_windows_from_start_step", "windows count from micro-step 1 of the epoch"),
+])
+def test_a_broken_rule_is_named(mistake_name, rule):
+    """Each catalogued mistake of an ordering or bookkeeping rule fails with a hint that names the rule it
+    breaks (the docstrings state rules, not recipes: the failure must point back at the rule)."""
+    message = failure_message(mistake_name)
+    assert rule in message, f"{mistake_name}\n  ACTUAL: {message}\n  EXPECTED: ...{rule}..."
 
 
 def test_no_hint_when_the_ratio_points_nowhere():

@@ -99,7 +99,11 @@ def optimizer_step_positions(impl, micro_steps: int, k: int) -> list[int]:
 @check("should_step_optimizer")
 def should_step_at_window_ends(impl):
     """Steps at micro-steps K, 2K, ... (1-based): 8 micro-steps with K=4 step at [4, 8]."""
-    expect_equal("optimizer steps for micro-steps 1..8, K=4", optimizer_step_positions(impl, 8, 4), [4, 8])
+    positions = optimizer_step_positions(impl, 8, 4)
+    if positions != [4, 8]:
+        fail("optimizer steps for micro-steps 1..8, K=4", positions, [4, 8],
+             "hint: micro-steps are 1-based and windows start at micro-step 1 (1..K, K+1..2K, ...): a window "
+             "closes on its K-th micro-step")
     expect_equal("optimizer steps for micro-steps 1..10, K=3", optimizer_step_positions(impl, 10, 3), [3, 6, 9])
     expect_equal("optimizer steps for micro-steps 1..3, K=1 (no accumulation)",
                  optimizer_step_positions(impl, 3, 1), [1, 2, 3])
@@ -115,6 +119,18 @@ def should_step_rejects_bad_arguments(impl):
         expect_raises(f"should_step_optimizer({step}, {k})", lambda: impl.should_step_optimizer(step, k), ValueError,
                       argument, ("step", "accumulation_steps"))
 
+def flush_rule(last_step: int, start_step: int, k: int, expected: bool) -> str:
+    """The rule a wrong should_flush_tail answer breaks."""
+    if last_step == start_step:
+        return "this call ran no micro-step (last_step == start_step): no gradient of its own waits, nothing to flush"
+    if start_step and not expected and last_step % k == 0:
+        return (f"windows count from micro-step 1 of the epoch, not from start_step: {last_step} closes a window "
+                f"of K={k}, so nothing is left over")
+    if expected:
+        return "micro-steps after the last window boundary are still waiting in param.grad: the tail must be flushed"
+    return f"micro-step {last_step} closed a window of K={k}: nothing is left to flush"
+
+
 # --- should_flush_tail ---------------------------------------------------------------------
 
 
@@ -127,8 +143,10 @@ def should_flush_only_a_partial_window(impl):
              # a resume at start_step == last_step ran nothing: no flush even though last % K != 0
              ((5, 5, 4), False), ((6, 6, 4), False)]
     for args, expected in cases:
-        expect_equal(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})",
-                     bool(impl.should_flush_tail(*args)), expected)
+        actual = bool(impl.should_flush_tail(*args))
+        if actual != expected:
+            fail(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})", actual, expected,
+                 f"hint: {flush_rule(*args, expected)}")
 
 
 @check("should_flush_tail", hidden=True)

@@ -34,17 +34,21 @@ def compare_runs(scenario: LoopScenario, actual, expected) -> None:
         missing = [k for k in keys if k not in record]
         if missing:
             fail(f"{where} record {i} lacks keys", sorted(record), f"at least {list(keys)}")
-    expect_equal(f"{where} micro-steps seen (epoch, step)", [(r["epoch"], r["step"]) for r in actual.records],
-                 [(r["epoch"], r["step"]) for r in expected.records])
+    seen = [(r["epoch"], r["step"]) for r in actual.records]
+    with hint(steps_hint(seen, expected.records)):
+        expect_equal(f"{where} micro-steps seen (epoch, step)", seen,
+                     [(r["epoch"], r["step"]) for r in expected.records])
     for key, meaning in (("update_closed", "closed an accumulation window (optimizer asked to step)"),
                          ("overflow_skipped", "the GradScaler skipped optimizer.step (inf/NaN gradients)")):
-        expect_equal(f"{where} micro-steps that {meaning} (epoch, step)",
-                     [(r["epoch"], r["step"]) for r in actual.records if r[key]],
-                     [(r["epoch"], r["step"]) for r in expected.records if r[key]])
+        got_steps = [(r["epoch"], r["step"]) for r in actual.records if r[key]]
+        with hint(flags_hint(key, got_steps, expected.records)):
+            expect_equal(f"{where} micro-steps that {meaning} (epoch, step)", got_steps,
+                         [(r["epoch"], r["step"]) for r in expected.records if r[key]])
     k = scenario.accumulation_steps
     for index, (got, want) in enumerate(zip(actual.records, expected.records)):
         at = f"{where} epoch {want['epoch']} step {want['step']}"
-        expect_close(f"{at}: lr", got["lr"], want["lr"], rtol=LR_RTOL)
+        with hint(lr_hint(scenario, got["lr"], want, actual.records[:index])):
+            expect_close(f"{at}: lr", got["lr"], want["lr"], rtol=LR_RTOL)
         loss = _float(got["loss"])
         with hint(loss_hint(loss, want["loss"], k) or aux_hint(loss, want["loss"], want["aux_loss"])
                   or update_hint(scenario, expected.records, index)):
@@ -53,7 +57,7 @@ def compare_runs(scenario: LoopScenario, actual, expected) -> None:
         with hint(aux_backward_hint(aux, want["aux_loss"], expected.records)):
             expect_close(f"{at}: aux_loss", aux, want["aux_loss"], rtol=LOSS_RTOL, atol=1e-8)
         norm = _float(got["grad_norm"])
-        with hint(norm_hint(norm, want["grad_norm"], k)
+        with hint(scaled_norm_hint(scenario, norm, want["grad_norm"]) or norm_hint(norm, want["grad_norm"], k)
                   or aux_backward_hint(norm, want["grad_norm"], expected.records)):
             expect_close(f"{at}: grad_norm before clipping", norm, want["grad_norm"], rtol=NORM_RTOL)
     if expected.scale is not None:
@@ -82,6 +86,69 @@ def _ratio(actual, expected, k: int):
     if k == 1 or actual is None or expected is None or not expected or not math.isfinite(actual * expected):
         return None
     return actual / expected
+
+
+def steps_hint(seen, expected_records) -> str:
+    """Micro-step numbers that restart at 1 where the oracle's continue after a resume."""
+    if seen and expected_records and seen[0][1] == 1 and expected_records[0]["step"] > 1:
+        return ("micro-steps continue after a resume: the first batch of this call is micro-step start_step + 1 "
+                f"(here {expected_records[0]['step']}), not 1")
+    return ""
+
+
+def flags_hint(key: str, got_steps, expected_records) -> str:
+    """Name the rule behind a wrong set of update_closed / overflow_skipped micro-steps."""
+    got, want = set(got_steps), {(r["epoch"], r["step"]) for r in expected_records if r[key]}
+    missing, extra = sorted(want - got), sorted(got - want)
+    tails = {(r["epoch"], r["step"]) for r in expected_records if r["tail_flush"]}
+    skipped = {(r["epoch"], r["step"]) for r in expected_records if r["overflow_skipped"]}
+    causes = []
+    if key == "update_closed":
+        if set(missing) & tails:
+            causes.append(f"the tail flush is missing at (epoch, step) {sorted(set(missing) & tails)}: a partial window "
+                          "left when the epoch (or the loader) ends gets the update once; decide it from the last "
+                          "micro-step actually run, never from iters")
+        if set(missing) & skipped:
+            causes.append(f"a skipped update still closes its window at {sorted(set(missing) & skipped)}: "
+                          "update_closed means the optimizer was asked to step, whether or not the GradScaler stepped")
+        if extra:
+            causes.append(f"updates at {extra} where no window closes: a window of K closes on its K-th micro-step, "
+                          "counted from micro-step 1 of the epoch")
+    else:
+        if extra:
+            causes.append(f"overflow_skipped at {extra}, where the GradScaler stepped: a scale that grows (after "
+                          "growth_interval clean updates) is no skip, and a disabled scaler never skips")
+        if missing:
+            causes.append(f"the GradScaler skipped optimizer.step at {missing} (inf/NaN gradients): report "
+                          "overflow_skipped=True there, in the tail flush too")
+    return "; ".join(causes)
+
+
+def lr_hint(scenario: LoopScenario, actual, want, earlier) -> str:
+    """A wrong lr that another rule explains: a schedule restarting per epoch, or a stale lr left in the optimizer."""
+    if actual is None or not isinstance(actual, (int, float)):
+        return ""
+    total = scenario.epochs * scenario.iters
+    if want["epoch"] > 0 and abs(actual - get_lr(want["step"], total, scenario.base_lr)) <= 1e-12 * abs(actual):
+        return ("the schedule restarts every epoch: the lr follows the GLOBAL micro-step (epoch * iters + step of "
+                "epochs * iters)")
+    if actual == scenario.base_lr or any(actual == r.get("lr") for r in earlier):
+        return ("a stale lr: the optimizer still holds an earlier lr. Write this micro-step's lr into every param "
+                "group at EVERY micro-step, before its forward, not only where a window closes")
+    return ""
+
+
+def scaled_norm_hint(scenario: LoopScenario, actual, expected) -> str:
+    """A pre-clip norm a power of two (a GradScaler scale) times the oracle's: the clip saw scaled gradients."""
+    if not getattr(scenario, "scaler_enabled", False) or not actual or not expected:
+        return ""
+    if not (math.isfinite(actual) and math.isfinite(expected)):
+        return ""
+    ratio = actual / expected
+    if ratio >= 2 and abs(math.log2(ratio) - round(math.log2(ratio))) < 0.01:
+        return (f"norm = {ratio:.0f} x expected, a GradScaler scale: clipping the still-scaled gradients: unscale "
+                "first (scaler.unscale_ before clip_grad_norm_, lesson 14 §1.5)")
+    return ""
 
 
 def loss_hint(actual, expected, k: int) -> str:
@@ -173,10 +240,13 @@ def train_one_epoch_marks_the_tail_flush(impl):
     if not (last.get("update_closed") and last.get("tail_flush") and last.get("grad_norm") is not None):
         fail("last record of an epoch ending mid-window (6 micro-steps, K=4)",
              {k: last.get(k) for k in ("step", "update_closed", "tail_flush", "grad_norm")},
-             {"step": 6, "update_closed": True, "tail_flush": True, "grad_norm": "a float (pre-clip norm)"})
+             {"step": 6, "update_closed": True, "tail_flush": True, "grad_norm": "a float (pre-clip norm)"},
+             "hint: the tail flush closes the last, partial window after the loop; its record (the last micro-step "
+             "run) says update_closed=True, tail_flush=True and carries the pre-clip norm")
     if not all(r.get("grad_norm") is None for r in records if not r.get("update_closed")):
         fail("grad_norm on micro-steps without an update",
-             [r.get("grad_norm") for r in records], "None wherever update_closed is False")
+             [r.get("grad_norm") for r in records], "None wherever update_closed is False",
+             "hint: grad_norm is None where no update closed (not 0.0: no norm was measured there)")
 
 
 @check("train_one_epoch")
@@ -209,8 +279,9 @@ def train_one_epoch_sets_lr_in_every_param_group(impl):
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append([g["lr"] for g in opt.param_groups]))
     impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), optimizer, device="cpu", epoch=0, epochs=1,
                          iters=scenario.iters, base_lr=scenario.base_lr, accumulation_steps=4, grad_clip=1.0)
-    expect_equal("lr of (group 0, group 1) at optimizer.step (micro-step 4 of 4, K=4)", seen,
-                 [[get_lr(4, 4, scenario.base_lr)] * 2])
+    want = [[get_lr(4, 4, scenario.base_lr)] * 2]
+    with hint("write the lr into EVERY optimizer.param_groups entry, not only the first" if seen != want else ""):
+        expect_equal("lr of (group 0, group 1) at optimizer.step (micro-step 4 of 4, K=4)", seen, want)
 
 
 @check("train_one_epoch", hidden=True)
@@ -223,8 +294,9 @@ def train_one_epoch_scaler_none_is_disabled(impl):
     records = impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu",
                                    epoch=0, epochs=1, iters=scenario.iters, base_lr=scenario.base_lr,
                                    accumulation_steps=scenario.accumulation_steps, grad_clip=1.0)
-    expect_equal("micro-steps with overflow_skipped=True under scaler=None",
-                 [r["step"] for r in records if r.get("overflow_skipped")], [])
+    skipped = [r["step"] for r in records if r.get("overflow_skipped")]
+    with hint("scaler=None means a DISABLED GradScaler (enabled=False): it never skips a step" if skipped else ""):
+        expect_equal("micro-steps with overflow_skipped=True under scaler=None", skipped, [])
     weight = objects.model.model.norm.weight
     expect_equal("model.norm.weight all finite after the inf gradient's update under scaler=None",
                  bool(torch.isfinite(weight).all()), False)
@@ -272,7 +344,9 @@ def train_one_epoch_rejects_bad_arguments(impl):
         loader = UntouchedLoader(epoch_batches(LOOP_BASE, 0))
         expect_raises(call, lambda: impl.train_one_epoch(objects.model, loader, objects.optimizer,
                                                          **{**good, **changes}), ValueError, argument, TRAIN_ARGUMENTS)
-        expect_equal(f"{call}: loader iterated before the ValueError", loader.iterated, False)
+        with hint("check every argument before touching the loader: no work, not even iter(loader), before "
+                  "the argument checks" if loader.iterated else ""):
+            expect_equal(f"{call}: loader iterated before the ValueError", loader.iterated, False)
 
 
 @check("train_one_epoch", hidden=True)
@@ -321,5 +395,7 @@ def train_one_epoch_syncs_once_per_epoch(impl):
 @check("train_one_epoch", hidden=True)
 def train_one_epoch_clears_gradients_to_none(impl):
     """After an update the gradients are cleared with zero_grad(set_to_none=True): .grad is None."""
-    expect_equal("parameters whose .grad is not None after the epoch's last update (2 micro-steps, K=8)",
-                 tail_only_run(impl.train_one_epoch, 2)[1], [])
+    left = tail_only_run(impl.train_one_epoch, 2)[1]
+    with hint("clear with zero_grad(set_to_none=True): after an update every .grad is None, not a tensor of zeros"
+              if left else ""):
+        expect_equal("parameters whose .grad is not None after the epoch's last update (2 micro-steps, K=8)", left, [])
