@@ -47,6 +47,7 @@ class LoopScenario:
     grad_clip: float = 1.0
     autocast_dtype: Optional[str] = None    # "bfloat16" or "float16"
     scaler_enabled: bool = False
+    scaler_growth_interval: int = 2000      # GradScaler's default; a small one lets the scale grow in a tiny run
     overflow_at_backward: Optional[int] = None  # 1-based backward call that gets an inf gradient
     device: str = "cpu"
 
@@ -110,7 +111,8 @@ def training_objects(scenario: LoopScenario) -> TrainingObjects:
     model = tiny_model(scenario)
     optimizer = eager(torch.optim.AdamW)(model.parameters(), lr=scenario.base_lr)
     device_type = torch.device(scenario.device).type
-    scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled)
+    scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled,
+                                  growth_interval=scenario.scaler_growth_interval)
     autocast_ctx = (torch.autocast(device_type, dtype=getattr(torch, scenario.autocast_dtype))
                     if scenario.autocast_dtype else nullcontext())
     if scenario.overflow_at_backward is not None:
