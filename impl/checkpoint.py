@@ -38,7 +38,8 @@ class SkipBatchSampler(Sampler):
 
 
 def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> None:
-    """TODO (lesson 15 §5.2): write a resume checkpoint, atomically and in full precision.
+    """TODO (lesson 15 §5.2): write a resume checkpoint to ``path`` (a str or a Path), atomically and in full
+    precision.
 
     Aligns with the save half of ``course/minimind/trainer_utils.py::lm_checkpoint``, without its fp16
     quirk. Store a dict with ``model`` (the fp32 ``state_dict``), ``optimizer``, ``scaler``
@@ -68,7 +69,8 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
 
 
 def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None) -> dict:
-    """TODO (lesson 15 §5.3): restore a ``save_checkpoint`` file and return its dict.
+    """TODO (lesson 15 §5.3): restore a ``save_checkpoint`` file (``path``: a str or a Path) into ``model``, and
+    into ``optimizer`` and ``scaler`` when given, and return its dict.
 
     Aligns with the load half of ``lm_checkpoint`` plus upstream's ``load_state_dict`` calls in
     ``train_pretrain.py``. Read with ``torch.load(path, map_location="cpu", weights_only=True)``.
@@ -77,14 +79,16 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     with ``model.state_dict()``, ``model.config``, ``optimizer.param_groups`` and ``scaler.is_enabled()``.
     A missing file raises ``FileNotFoundError`` whose message contains ``str(path)``. Everything else raises
     ``ValueError`` whose message contains ``str(path)`` and names the offending key:
-    - unreadable (truncated, not a ``torch.save`` file, or an object ``weights_only`` refuses) or not a dict;
+    - unreadable (truncated, not a ``torch.save`` file, or an object ``weights_only`` refuses), not a dict, or
+      its ``model`` entry not a dict;
     - a missing key of ``model``, ``optimizer``, ``scaler``, ``epoch``, ``step``, ``world_size`` (name it);
       ``epoch``/``step`` not ints >= 0, ``world_size`` not an int >= 1 (name the key);
     - ``model_config`` differs from ``dataclasses.asdict(model.config)`` in any field, also one that no
       shape shows (e.g. ``rope_theta``): name the field;
     - ``model`` lacks a key of ``model.state_dict()``, has an extra one, or one tensor's shape or dtype
       differs (fp16 weights are an export, not a resume checkpoint): name the parameter;
-    - (``optimizer`` given) a different number of param groups or of parameters, param groups with other
+    - (``optimizer`` given) an entry that is no optimizer ``state_dict`` (a dict with ``state`` and
+      ``param_groups``), a different number of param groups or of parameters, param groups with other
       hyper-parameter keys (another optimizer type), or a state tensor (dim > 0) shaped unlike its
       parameter: name ``optimizer``;
     - (``scaler`` given and enabled) an empty or None saved scaler state (a disabled GradScaler saves ``{}``;
@@ -94,8 +98,8 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     ``world_size`` (None: ``dist.get_world_size()`` when ``dist.is_initialized()``, else 1; otherwise an int
     >= 1, or ``ValueError`` naming ``world_size``): when it differs from the saved one, return the int
     ``step * saved_world_size // world_size`` (floor) as ``step`` (upstream's rescale; e.g. step 2 saved by
-    2 ranks loads as 4 on 1 rank, 1 on 3 ranks; step 3 saved by 2 loads as 1 on 4). Return the loaded dict itself: every saved key, extras such
-    as ``batch_size_semantics`` included, with ``step`` rescaled.
+    2 ranks loads as 4 on 1 rank, 1 on 3 ranks; step 3 saved by 2 loads as 1 on 4). Return the loaded dict
+    itself: every saved key, extras such as ``batch_size_semantics`` included, with ``step`` rescaled.
     """
     raise NotImplementedError("load_checkpoint: TODO - see lesson 15 §5.3 (aligns with lm_checkpoint)")
 
@@ -105,7 +109,7 @@ def resume_position(checkpoint, iters: int) -> tuple[int, int]:
 
     Aligns with ``start_epoch = ckp['epoch']; start_step = ckp['step']`` in upstream's ``train_pretrain.py``,
     except that a checkpoint written at the end of an epoch (``step == iters``) resumes at
-    ``(epoch + 1, 0)``. Raise ``ValueError`` naming ``iters`` when ``iters < 1`` and naming ``step``
+    ``(epoch + 1, 0)``. Raise ``ValueError`` naming ``iters`` when it is not an int >= 1 and naming ``step``
     when the checkpoint's step is outside ``[0, iters]``.
     """
     raise NotImplementedError("resume_position: TODO - see lesson 15 §5.4")

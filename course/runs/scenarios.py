@@ -39,7 +39,7 @@ RESUME_FP32 = [
 RESUME_SCALER = [
     (RESUME_BASE.with_(name="enabled GradScaler('cpu'), overflow in micro-step 2 halves the scale, stopped at epoch 0 "
                             "step 4", scaler_enabled=True, overflow_at_backward=2), 0, 4),
-    (RESUME_BASE.with_(name="enabled GradScaler('cpu', growth_interval=2), K=1, 1 epoch: the scale doubled at update 2, "
-                            "stopped at step 3 with one good update towards the next growth", scaler_enabled=True,
+    (RESUME_BASE.with_(name="enabled GradScaler('cpu', growth_interval=2), K=1, 1 epoch: the scale doubled at "
+                            "update 2, stopped at step 3 with one good update towards the next growth", scaler_enabled=True,
                        scaler_growth_interval=2, accumulation_steps=1, epochs=1), 0, 3),
 ]

@@ -56,6 +56,16 @@ def expect_raises_naming(what: str, fn, exc_type, names) -> None:
     fail(what, "no exception", wanted(every))
 
 
+def expect_works(what: str, fn, expected: str, hint: str = ""):
+    """``fn()``'s result; an exception it raises fails the check with ``expected`` (what should have happened)."""
+    try:
+        return fn()
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail(what, f"{type(exc).__name__}: {str(exc)[:300]}", expected, hint)
+
+
 def fake_ddp(model):
     """A DistributedDataParallel wrapper without a process group: the same type and ``module.`` keys."""
     wrapper = DistributedDataParallel.__new__(DistributedDataParallel)
@@ -146,6 +156,8 @@ def skip_batch_sampler_matches_upstream(impl):
     partial last batch), on every pass; the lesson's example."""
     expect_equal("list(SkipBatchSampler(range(10), 3, 2)) (upstream example)",
                  [list(b) for b in impl.SkipBatchSampler(range(10), 3, 2)], [[6, 7, 8], [9]])
+    expect_sampler_batches("SkipBatchSampler(range(5), 2) (skip_batches left at its default)",
+                           impl.SkipBatchSampler(range(5), 2), [[0, 1], [2, 3], [4]])
     for n in (1, 9, 10, 12):
         for batch_size in (1, 3, 4):
             for skip in range((n + batch_size - 1) // batch_size + 1):
@@ -163,8 +175,8 @@ def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
     sampler = impl.SkipBatchSampler(shards, 2, 1)
     for epoch in (0, 1):
         shards.set_epoch(epoch)
-        expect_sampler_batches(f"SkipBatchSampler(DistributedSampler(11 samples, rank 1 of 2) after set_epoch({epoch}), "
-                               "batch_size=2, skip_batches=1)", sampler,
+        expect_sampler_batches(f"SkipBatchSampler(DistributedSampler(11 samples, rank 1 of 2) after "
+                               f"set_epoch({epoch}), batch_size=2, skip_batches=1)", sampler,
                                list(UpstreamSkipBatchSampler(list(shards), 2, 1)))
 
 
@@ -175,7 +187,8 @@ def skip_batch_sampler_rejects_bad_arguments(impl):
     for indices, batch_size, skip, exc_type, bad in [
             (range(10), 0, 0, ValueError, "batch_size"), (range(10), -2, 0, ValueError, "batch_size"),
             (range(10), 2.0, 0, ValueError, "batch_size"), (range(10), 3, -1, ValueError, "skip_batches"),
-            (range(10), 3, 5, ValueError, "skip_batches"), (range(10), 3, 1.0, ValueError, "skip_batches"),
+            (range(10), 3, 5, ValueError, "skip_batches"), (range(9), 3, 4, ValueError, "skip_batches"),
+            (range(10), 3, 1.0, ValueError, "skip_batches"),
             ((i for i in range(10)), 3, 0, TypeError, "indices"), (iter(range(10)), 3, 5, TypeError, "indices")]:
         expect_raises(f"SkipBatchSampler({type(indices).__name__} of 10, {batch_size!r}, {skip!r})",
                       lambda: impl.SkipBatchSampler(indices, batch_size, skip), exc_type, bad, SAMPLER_ARGUMENTS)

@@ -17,8 +17,8 @@ from course.runs import save_objects, train_until, training_objects
 from course.runs.eager import eager
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
-from ..framework import check, expect_equal, expect_raises, expect_tensors_close, fail
-from .checks import CHECKPOINT_KEYS, NotATensor, expect_raises_naming, fake_rank, good_checkpoint
+from ..framework import check, expect_equal, expect_raises, expect_tensors_close
+from .checks import CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint
 from .saving import expect_optimizer_state_equal
 
 
@@ -27,7 +27,8 @@ from .saving import expect_optimizer_state_equal
 
 @check("load_checkpoint", uses=("save_checkpoint",))
 def load_checkpoint_restores_everything(impl):
-    """Fresh model, optimizer and scaler get the saved state bit for bit; the dict carries counters and extras."""
+    """Fresh model, optimizer and scaler get the saved state bit for bit (path a str or a Path); the dict carries
+    counters and extras; a load with the model alone restores the model."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
     objects, _ = train_until(scenario, stop_epoch, stop_step)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
@@ -36,7 +37,13 @@ def load_checkpoint_restores_everything(impl):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
         save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch")
-        checkpoint = impl.load_checkpoint(path, model=fresh_model, optimizer=fresh_optimizer, scaler=fresh_scaler)
+        checkpoint = expect_works("load_checkpoint(str path, model, optimizer, scaler)", lambda: impl.load_checkpoint(
+            str(path), model=fresh_model, optimizer=fresh_optimizer, scaler=fresh_scaler), "the checkpoint dict")
+        weights_only_target = training_objects(scenario).model  # e.g. for an evaluation: no optimizer, no scaler
+        expect_works("load_checkpoint(path, model=model) (no optimizer, no scaler)",
+                     lambda: impl.load_checkpoint(path, model=weights_only_target), "the model restored")
+    expect_tensors_close("model restored without optimizer and scaler", weights_only_target.state_dict(),
+                         model.state_dict(), rtol=0.0, atol=0.0)
     expect_equal("(epoch, step, batch_size_semantics) returned",
                  (checkpoint["epoch"], checkpoint["step"], checkpoint.get("batch_size_semantics")),
                  (stop_epoch, stop_step, "micro_batch"))
@@ -71,13 +78,19 @@ def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rejects_unreadable_files(impl):
-    """Missing, truncated and arbitrary-object files: a clear error naming the path, nothing loaded."""
+    """Missing, truncated, arbitrary-object files and ones holding no checkpoint dict: a clear error naming the
+    path, nothing loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
         missing = Path(tmp) / "missing.pth"
         expect_refused(impl, "load_checkpoint of a missing file", missing, target, FileNotFoundError, [str(missing)])
         truncated = Path(tmp) / "truncated.pth"
         truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
         expect_refused(impl, "load_checkpoint of a truncated file", truncated, target, ValueError, [str(truncated)])
+        for what, content in (("a plain tensor", torch.zeros(3)), ("a model entry of None", dict(
+                torch.load(good, weights_only=True), model=None))):
+            other = Path(tmp) / "other_content.pth"
+            torch.save(content, other)
+            expect_refused(impl, f"load_checkpoint of a file holding {what}", other, target, ValueError, [str(other)])
         pickled = Path(tmp) / "pickled.pth"
         torch.save(dict(torch.load(good, weights_only=True), surprise=NotATensor()), pickled)
         expect_refused(impl, "load_checkpoint of a file holding a pickled object (needs weights_only=True)", pickled,
@@ -115,7 +128,8 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
                        [str(wrong_shape), name])
 
         config = dataclasses.asdict(objects.model.config)
-        for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3), RESUME_BASE.with_(hidden_size=32)):
+        for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3),
+                      RESUME_BASE.with_(hidden_size=32)):
             other_file = Path(tmp) / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth"
             other_objects = training_objects(other)
             save_objects(impl, other_file, other_objects, 0, 0)
@@ -150,8 +164,9 @@ def foreign_optimizer_states(model, saved: dict):
     yield ("the state of an AdamW without the last parameter (frozen)",
            {"state": {i: v for i, v in saved["state"].items() if i != group["params"][-1]},
             "param_groups": [dict(group, params=group["params"][:-1])]})
-    first, second = group["params"][:2]
-    yield ("AdamW moments of parameter 0 and 1 swapped (another parameter order)",
+    yield "an empty optimizer entry", {}
+    first, second = group["params"][6:8]  # k_norm (6,) and input_layernorm (48,): 1-D, another length
+    yield ("AdamW moments of parameters 6 and 7 swapped (another parameter order)",
            dict(saved, state={**saved["state"], first: saved["state"][second], second: saved["state"][first]}))
 
 
@@ -221,14 +236,10 @@ def load_checkpoint_reads_a_file_from_another_device(impl):
     with good_checkpoint(impl) as (objects, target, tmp, good):
         elsewhere = Path(tmp) / "saved_on_mps.pth"
         elsewhere.write_bytes(saved_on_device(good.read_bytes(), b"mps"))
-        try:
-            impl.load_checkpoint(elsewhere, model=target.model, optimizer=target.optimizer, scaler=target.scaler)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            fail("load_checkpoint of a checkpoint saved on an mps device, on a CPU-only machine",
-                 f"{type(exc).__name__}: {str(exc)[:300]}", "loaded onto the CPU",
-                 'hint: torch.load(path, map_location="cpu", weights_only=True)')
+        expect_works("load_checkpoint of a checkpoint saved on an mps device, on a CPU-only machine",
+                     lambda: impl.load_checkpoint(elsewhere, model=target.model, optimizer=target.optimizer,
+                                                  scaler=target.scaler),
+                     "loaded onto the CPU", 'hint: torch.load(path, map_location="cpu", weights_only=True)')
         expect_tensors_close("model restored from the mps checkpoint", target.model.state_dict(),
                              objects.model.state_dict(), rtol=0.0, atol=0.0)
         expect_optimizer_state_equal("optimizer restored from the mps checkpoint", target.optimizer.state_dict(),

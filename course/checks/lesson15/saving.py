@@ -13,7 +13,7 @@ from course.runs import full_epoch_batches, save_objects, train_until
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
 from ..framework import check, expect_equal, expect_raises, expect_tensor_close, fail
-from .checks import CompiledWrapper, fake_ddp, fake_rank, good_checkpoint
+from .checks import CompiledWrapper, expect_works, fake_ddp, fake_rank, good_checkpoint
 
 
 # --- save_checkpoint ---------------------------------------------------------------------------
@@ -29,7 +29,10 @@ def save_checkpoint_writes_full_state(impl):
         path = Path(tmp) / "resume.pth"
         save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch",
                      progress=Progress())
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = expect_works("torch.load(checkpoint, weights_only=True)",
+                             lambda: torch.load(path, map_location="cpu", weights_only=True),
+                             "a dict of tensors, containers and plain values",
+                             "hint: an extra with a state_dict() is stored by it")
         expect_equal("files in the checkpoint directory after a save", sorted(p.name for p in Path(tmp).iterdir()),
                      ["resume.pth"])
     keys = ["batch_size_semantics", "epoch", "model", "model_config", "optimizer", "progress", "scaler", "step",
@@ -118,14 +121,9 @@ def save_checkpoint_refuses_pending_gradients(impl):
         path = Path(tmp) / "resume.pth"
         model(input_ids, labels=labels).loss.backward()
         objects.optimizer.zero_grad(set_to_none=False)
-        try:
-            save_objects(impl, path, objects, 0, 2)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            fail("save_checkpoint after optimizer.zero_grad(set_to_none=False) (all gradients are zero tensors)",
-                 f"{type(exc).__name__}: {exc}", "the checkpoint is written",
-                 "hint: a zero gradient is not a pending one: test for non-zero values, not for `grad is not None`")
+        expect_works("save_checkpoint after optimizer.zero_grad(set_to_none=False) (all gradients are zero tensors)",
+                     lambda: save_objects(impl, path, objects, 0, 2), "the checkpoint is written",
+                     "hint: a zero gradient is not a pending one: test for non-zero values, not for `grad is not None`")
         path.unlink()
         model(input_ids, labels=labels).loss.backward()
         expect_raises("save_checkpoint with pending gradients (micro-step 3 of a K=2 window)",
@@ -135,42 +133,41 @@ def save_checkpoint_refuses_pending_gradients(impl):
 
 @check("save_checkpoint", hidden=True)
 def save_checkpoint_writes_next_to_the_target(impl):
-    """The parent directory is created; the temporary file lies in the target's directory (os.replace is a
-    rename only there) and is fsync'd before os.replace puts it onto the target."""
+    """The parent directory (of a str path) is created; the temporary file lies in the target's directory
+    (os.replace is a rename only there) and is fsync'd, all its bytes flushed, before os.replace puts it onto
+    the target."""
     objects, _ = train_until(RESUME_BASE, 0, 2)
     calls = []
     real_replace, real_fsync = os.replace, os.fsync
 
     def spy_replace(src, dst, *args, **kwargs):
-        calls.append(("replace", Path(src), Path(dst), os.stat(src).st_ino))
+        calls.append(("replace", Path(src), Path(dst), (os.stat(src).st_ino, os.stat(src).st_size)))
         return real_replace(src, dst, *args, **kwargs)
 
-    def spy_fsync(fd):
-        calls.append(("fsync", os.fstat(fd).st_ino))
+    def spy_fsync(fd):  # the file (inode) and the bytes it holds on disk when fsync'd
+        calls.append(("fsync", (os.fstat(fd).st_ino, os.fstat(fd).st_size)))
         return real_fsync(fd)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "new" / "run" / "resume.pth"
         os.replace, os.fsync = spy_replace, spy_fsync
         try:
-            save_objects(impl, path, objects, 0, 2)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            fail(f"save_checkpoint into {path.parent}, which does not exist yet", f"{type(exc).__name__}: {exc}",
-                 "the directory is created and the checkpoint written")
+            expect_works(f"save_checkpoint(str path) into {path.parent}, which does not exist yet",
+                         lambda: save_objects(impl, str(path), objects, 0, 2),
+                         "the directory is created and the checkpoint written")
         finally:
             os.replace, os.fsync = real_replace, real_fsync
         replaces = [(i, call[1], call[3]) for i, call in enumerate(calls) if call[0] == "replace" and call[2] == path]
         if len(replaces) != 1:
             fail("os.replace(temporary file, path) calls during the save", len(replaces), 1,
                  "hint: os.replace from the os module (shutil.move may copy instead of renaming)")
-        index, source, inode = replaces[0]
+        index, source, (inode, size) = replaces[0]
         expect_equal("directory of the temporary file that os.replace moves onto the checkpoint",
                      str(source.parent.resolve()), str(path.parent.resolve()))
-        if ("fsync", inode) not in calls[:index]:
-            fail("os.fsync of the temporary file before os.replace moves it onto the checkpoint",
-                 f"fsync'd before the replace: {sum(call[0] == 'fsync' for call in calls[:index])} file(s), not it",
-                 "os.fsync(handle.fileno()) of the temporary file, after flush, before os.replace")
+        synced = [call[1][1] for call in calls[:index] if call[0] == "fsync" and call[1][0] == inode]
+        if size not in synced:
+            fail("bytes of the temporary file on disk when os.fsync'd, before os.replace moves it onto the checkpoint",
+                 f"fsync'd with {synced} bytes" if synced else "never fsync'd", f"{size} bytes (all of it)",
+                 "torch.save into the temporary file, handle.flush(), os.fsync(handle.fileno()), then os.replace")
 
 
 @check("save_checkpoint")
@@ -218,7 +215,7 @@ SAVE_ARGUMENTS = ("path", "model", "optimizer", "scaler", "epoch", "step")
 @check("save_checkpoint", hidden=True)
 def save_checkpoint_rejects_bad_counters(impl):
     """An epoch or step that is not an int >= 0, or an extra named like a checkpoint key, raises ValueError
-    naming it, before anything is written."""
+    naming it, before anything is written; epoch 0, step 0 is saved."""
     objects, _ = train_until(RESUME_BASE, 0, 2)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
@@ -230,3 +227,7 @@ def save_checkpoint_rejects_bad_counters(impl):
                           lambda: save_objects(impl, path, objects, 0, 2, **{key: 3}), ValueError, key,
                           SAVE_ARGUMENTS + (key,))
         expect_equal("files written by the refused saves", sorted(p.name for p in Path(tmp).iterdir()), [])
+        expect_works("save_checkpoint(epoch=0, step=0) (the start of a run)",
+                     lambda: save_objects(impl, path, objects, 0, 0), "the checkpoint is written")
+        expect_equal("files written by a save at epoch 0, step 0", sorted(p.name for p in Path(tmp).iterdir()),
+                     [path.name])
