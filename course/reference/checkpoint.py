@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sized
 import tempfile
 from pathlib import Path
 
@@ -22,9 +23,13 @@ REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size")
 
 class SkipBatchSampler(Sampler):
     """Batches ``indices`` in order, skipping the first ``skip_batches`` full batches (upstream semantics:
-    the final partial batch is kept, ``len = ceil(N / batch_size) - skip_batches``)."""
+    the final partial batch is kept, ``len = ceil(N / batch_size) - skip_batches``). ``indices`` is read
+    afresh on every pass (a DistributedSampler reshuffles after ``set_epoch``), so it must be sized."""
 
     def __init__(self, indices, batch_size: int, skip_batches: int = 0):
+        if not isinstance(indices, Sized):
+            raise TypeError(f"indices must be sized and re-iterable (a range, list or Sampler), got a "
+                            f"{type(indices).__name__}: without len() neither the skip nor len(sampler) is defined")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         total = (len(indices) + batch_size - 1) // batch_size

@@ -48,7 +48,8 @@ class LoopScenario:
     autocast_dtype: Optional[str] = None    # "bfloat16" or "float16"
     scaler_enabled: bool = False
     overflow_at_backward: Optional[int] = None  # 1-based backward call that gets an inf gradient
-    growth_interval: int = 2000     # GradScaler: updates without inf/NaN before the scale doubles
+    growth_interval: int = 2000     # GradScaler: updates without inf/NaN before the scale doubles (torch's
+                                    # default; a small one lets the scale grow in a tiny run)
     loader_length: Optional[int] = None     # batches per epoch when the data runs out early (default: all left)
     device: str = "cpu"
 

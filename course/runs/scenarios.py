@@ -34,15 +34,23 @@ LOOP_AMP_SCENARIOS = [
 ]
 
 # Lesson 15: (scenario, stop epoch, stop micro-step) at update boundaries (multiples of K, or an
-# epoch end after the tail flush) of a run of 2 epochs x 6 micro-batches.
-RESUME_BASE = LoopScenario("dense, K=2, stopped at epoch 0 step 4", accumulation_steps=2)
+# epoch end after the tail flush) of a run of 2 epochs x 6 micro-batches: mid-epoch, an epoch end, the
+# first update, the last update of the run (nothing left to train), K=1 and K longer than the epoch.
+RESUME_BASE = LoopScenario("dense, K=2, stopped at epoch 0 step 4", accumulation_steps=2, max_length=16)
 RESUME_FP32 = [
     (RESUME_BASE, 0, 4),
     (RESUME_BASE.with_(name="dense, K=4, stopped at the end of epoch 0 (after the tail flush)", accumulation_steps=4),
      0, 6),
     (RESUME_BASE.with_(name="MoE, K=2, stopped at epoch 1 step 2", use_moe=True), 1, 2),
+    (RESUME_BASE.with_(name="dense, K=1, 1 epoch, stopped after the first update", accumulation_steps=1, epochs=1),
+     0, 1),
+    (RESUME_BASE.with_(name="dense, K=8 longer than the epoch (tail flushes only), stopped after the run's last "
+                            "update (epoch 1 step 6): nothing left to train", accumulation_steps=8), 1, 6),
 ]
 RESUME_SCALER = [
     (RESUME_BASE.with_(name="enabled GradScaler('cpu'), overflow in micro-step 2 halves the scale, stopped at epoch 0 "
                             "step 4", scaler_enabled=True, overflow_at_backward=2), 0, 4),
+    (RESUME_BASE.with_(name="enabled GradScaler('cpu', growth_interval=2), K=1, 1 epoch: the scale doubled at "
+                            "update 2, stopped at step 3 with one good update towards the next growth", scaler_enabled=True,
+                       growth_interval=2, accumulation_steps=1, epochs=1), 0, 3),
 ]

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
 
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.runs import RunResult, resume_and_finish, run_oracle, save_objects, train_until, training_objects
@@ -38,6 +39,7 @@ def expect_raises_naming(what: str, fn, exc_type, names) -> None:
         shown = " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
                                                               if len(options) > 3 else "")
         return f"{exc_type.__name__} naming {shown}"
+    every = tuple(" or ".join(name[:3]) if isinstance(name, tuple) else name for name in names)
     try:
         fn()
     except NotImplementedError:
@@ -50,8 +52,18 @@ def expect_raises_naming(what: str, fn, exc_type, names) -> None:
                      wanted(options))
         return
     except Exception as exc:  # wrong type of error
-        fail(what, f"{type(exc).__name__}: {exc}", wanted(tuple(str(n) for n in names)))
-    fail(what, "no exception", wanted(tuple(str(n) for n in names)))
+        fail(what, f"{type(exc).__name__}: {exc}", wanted(every))
+    fail(what, "no exception", wanted(every))
+
+
+def expect_works(what: str, fn, expected: str, hint: str = ""):
+    """``fn()``'s result; an exception it raises fails the check with ``expected`` (what should have happened)."""
+    try:
+        return fn()
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        fail(what, f"{type(exc).__name__}: {str(exc)[:300]}", expected, hint)
 
 
 def fake_ddp(model):
@@ -127,27 +139,56 @@ def good_checkpoint(impl):
 # --- SkipBatchSampler --------------------------------------------------------------------------
 
 
+SAMPLER_ARGUMENTS = ("indices", "batch_size", "skip_batches")
+
+
+def expect_sampler_batches(where: str, sampler, expected: list) -> None:
+    """``list(sampler)`` taken whole (each batch a list of its own), twice, equals ``expected``; so does len."""
+    for attempt in ("", " (second pass)"):
+        batches = list(sampler)
+        expect_equal(f"{where} batches{attempt}", [list(b) for b in batches], expected)
+    expect_equal(f"len({where})", len(sampler), len(expected))
+
+
 @check("SkipBatchSampler")
 def skip_batch_sampler_matches_upstream(impl):
-    """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)]; the lesson's example."""
+    """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)] (with and without a
+    partial last batch), on every pass; the lesson's example."""
     expect_equal("list(SkipBatchSampler(range(10), 3, 2)) (upstream example)",
                  [list(b) for b in impl.SkipBatchSampler(range(10), 3, 2)], [[6, 7, 8], [9]])
+    expect_sampler_batches("SkipBatchSampler(range(5), 2) (skip_batches left at its default)",
+                           impl.SkipBatchSampler(range(5), 2), [[0, 1], [2, 3], [4]])
     for n in (1, 9, 10, 12):
         for batch_size in (1, 3, 4):
             for skip in range((n + batch_size - 1) // batch_size + 1):
                 sampler = impl.SkipBatchSampler(list(range(100, 100 + n)), batch_size, skip)
                 upstream = UpstreamSkipBatchSampler(list(range(100, 100 + n)), batch_size, skip)
-                where = f"SkipBatchSampler(N={n}, batch_size={batch_size}, skip_batches={skip})"
-                expect_equal(f"{where} batches", [list(b) for b in sampler], list(upstream))
-                expect_equal(f"len({where})", len(sampler), len(upstream))
+                expect_sampler_batches(f"SkipBatchSampler(N={n}, batch_size={batch_size}, skip_batches={skip})",
+                                       sampler, list(upstream))
+
+
+@check("SkipBatchSampler", hidden=True)
+def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
+    """Over a DistributedSampler, each pass batches the order of the sampler's current epoch (set_epoch
+    reshuffles it): the indices are read afresh on every pass, not copied once."""
+    shards = DistributedSampler(range(11), num_replicas=2, rank=1, shuffle=True, seed=3)
+    sampler = impl.SkipBatchSampler(shards, 2, 1)
+    for epoch in (0, 1):
+        shards.set_epoch(epoch)
+        expect_sampler_batches(f"SkipBatchSampler(DistributedSampler(11 samples, rank 1 of 2) after "
+                               f"set_epoch({epoch}), batch_size=2, skip_batches=1)", sampler,
+                               list(UpstreamSkipBatchSampler(list(shards), 2, 1)))
 
 
 @check("SkipBatchSampler", hidden=True)
 def skip_batch_sampler_rejects_bad_arguments(impl):
-    """batch_size < 1, a negative skip, or a skip past the epoch raise ValueError naming the argument."""
-    expect_raises("SkipBatchSampler(range(10), 0, 0)", lambda: impl.SkipBatchSampler(range(10), 0, 0), ValueError,
-                  "batch_size")
-    expect_raises("SkipBatchSampler(range(10), 3, -1)", lambda: impl.SkipBatchSampler(range(10), 3, -1),
-                  ValueError, "skip_batches")
-    expect_raises("SkipBatchSampler(range(10), 3, 5) (the epoch has 4 batches)",
-                  lambda: impl.SkipBatchSampler(range(10), 3, 5), ValueError, "skip_batches")
+    """A batch_size that is not an int >= 1, a skip outside [0, ceil(N / bs)] raise ValueError naming the
+    argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices'."""
+    for indices, batch_size, skip, exc_type, bad in [
+            (range(10), 0, 0, ValueError, "batch_size"), (range(10), -2, 0, ValueError, "batch_size"),
+            (range(10), 2.0, 0, ValueError, "batch_size"), (range(10), 3, -1, ValueError, "skip_batches"),
+            (range(10), 3, 5, ValueError, "skip_batches"), (range(9), 3, 4, ValueError, "skip_batches"),
+            (range(10), 3, 1.0, ValueError, "skip_batches"),
+            ((i for i in range(10)), 3, 0, TypeError, "indices"), (iter(range(10)), 3, 5, TypeError, "indices")]:
+        expect_raises(f"SkipBatchSampler({type(indices).__name__} of 10, {batch_size!r}, {skip!r})",
+                      lambda: impl.SkipBatchSampler(indices, batch_size, skip), exc_type, bad, SAMPLER_ARGUMENTS)

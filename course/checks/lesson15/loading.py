@@ -2,19 +2,23 @@
 nothing (unreadable, foreign, another config, a disabled scaler's state); the step rescaled for a new world size."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import io
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
 
 from course.minimind.trainer_utils import lm_checkpoint
 from course.runs import save_objects, train_until, training_objects
+from course.runs.eager import eager
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
-from ..framework import check, expect_equal, expect_tensors_close
-from .checks import CHECKPOINT_KEYS, NotATensor, expect_raises_naming, good_checkpoint
+from ..framework import check, expect_equal, expect_raises, expect_tensors_close
+from .checks import CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint
 from .saving import expect_optimizer_state_equal
 
 
@@ -23,7 +27,8 @@ from .saving import expect_optimizer_state_equal
 
 @check("load_checkpoint", uses=("save_checkpoint",))
 def load_checkpoint_restores_everything(impl):
-    """Fresh model, optimizer and scaler get the saved state bit for bit; the dict carries counters and extras."""
+    """Fresh model, optimizer and scaler get the saved state bit for bit (path a str or a Path); the dict carries
+    counters and extras; a load with the model alone restores the model."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
     objects, _ = train_until(scenario, stop_epoch, stop_step)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
@@ -32,7 +37,13 @@ def load_checkpoint_restores_everything(impl):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
         save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch")
-        checkpoint = impl.load_checkpoint(path, model=fresh_model, optimizer=fresh_optimizer, scaler=fresh_scaler)
+        checkpoint = expect_works("load_checkpoint(str path, model, optimizer, scaler)", lambda: impl.load_checkpoint(
+            str(path), model=fresh_model, optimizer=fresh_optimizer, scaler=fresh_scaler), "the checkpoint dict")
+        weights_only_target = training_objects(scenario).model  # e.g. for an evaluation: no optimizer, no scaler
+        expect_works("load_checkpoint(path, model=model) (no optimizer, no scaler)",
+                     lambda: impl.load_checkpoint(path, model=weights_only_target), "the model restored")
+    expect_tensors_close("model restored without optimizer and scaler", weights_only_target.state_dict(),
+                         model.state_dict(), rtol=0.0, atol=0.0)
     expect_equal("(epoch, step, batch_size_semantics) returned",
                  (checkpoint["epoch"], checkpoint["step"], checkpoint.get("batch_size_semantics")),
                  (stop_epoch, stop_step, "micro_batch"))
@@ -67,13 +78,19 @@ def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rejects_unreadable_files(impl):
-    """Missing, truncated and arbitrary-object files: a clear error naming the path, nothing loaded."""
+    """Missing, truncated, arbitrary-object files and ones holding no checkpoint dict: a clear error naming the
+    path, nothing loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
         missing = Path(tmp) / "missing.pth"
         expect_refused(impl, "load_checkpoint of a missing file", missing, target, FileNotFoundError, [str(missing)])
         truncated = Path(tmp) / "truncated.pth"
         truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
         expect_refused(impl, "load_checkpoint of a truncated file", truncated, target, ValueError, [str(truncated)])
+        for what, content in (("a plain tensor", torch.zeros(3)), ("a model entry of None", dict(
+                torch.load(good, weights_only=True), model=None))):
+            other = Path(tmp) / "other_content.pth"
+            torch.save(content, other)
+            expect_refused(impl, f"load_checkpoint of a file holding {what}", other, target, ValueError, [str(other)])
         pickled = Path(tmp) / "pickled.pth"
         torch.save(dict(torch.load(good, weights_only=True), surprise=NotATensor()), pickled)
         expect_refused(impl, "load_checkpoint of a file holding a pickled object (needs weights_only=True)", pickled,
@@ -93,6 +110,16 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
         expect_refused(impl, "load_checkpoint of a plain weights file", weights_only_file, target, ValueError,
                        [str(weights_only_file), CHECKPOINT_KEYS])
 
+        for what, model_state, names in (
+                ("an extra model key lm_head.bias", dict(saved["model"], **{"lm_head.bias": torch.zeros(6400)}),
+                 ("lm_head.bias",)),
+                ("no model.norm.weight", {k: v for k, v in saved["model"].items() if k != "model.norm.weight"},
+                 ("model.norm.weight",))):
+            other_keys = Path(tmp) / "other_keys.pth"
+            torch.save(dict(saved, model=model_state), other_keys)
+            expect_refused(impl, f"load_checkpoint with {what}", other_keys, target, ValueError,
+                           [str(other_keys), names])
+
         wrong_shape = Path(tmp) / "wrong_shape.pth"
         name = "model.layers.0.self_attn.q_proj.weight"
         model_state = dict(saved["model"], **{name: torch.zeros(32, 64)})
@@ -101,10 +128,11 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
                        [str(wrong_shape), name])
 
         config = dataclasses.asdict(objects.model.config)
-        for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3), RESUME_BASE.with_(hidden_size=32)):
+        for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3),
+                      RESUME_BASE.with_(hidden_size=32)):
             other_file = Path(tmp) / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth"
-            other_objects = train_until(other, 0, 2)[0]
-            save_objects(impl, other_file, other_objects, 0, 2)
+            other_objects = training_objects(other)
+            save_objects(impl, other_file, other_objects, 0, 0)
             other_config = dataclasses.asdict(other_objects.model.config)
             differing = tuple(k for k in config if other_config.get(k) != config[k])
             expect_refused(impl, f"load_checkpoint of a checkpoint from hidden_size={other.hidden_size}, "
@@ -119,10 +147,27 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
         expect_refused(impl, "load_checkpoint of upstream's resume file (fp16 weights)", upstream_file, target,
                        ValueError, [str(upstream_file), ("float16",) + parameter_names])
 
-        other_optimizer = Path(tmp) / "other_optimizer.pth"
-        torch.save(dict(saved, optimizer=torch.optim.SGD(objects.model.parameters()).state_dict()), other_optimizer)
-        expect_refused(impl, "load_checkpoint with an SGD state for an AdamW optimizer", other_optimizer, target,
-                       ValueError, [str(other_optimizer), "optimizer"])
+        for what, optimizer_state in foreign_optimizer_states(objects.model, saved["optimizer"]):
+            other_optimizer = Path(tmp) / "other_optimizer.pth"
+            torch.save(dict(saved, optimizer=optimizer_state), other_optimizer)
+            expect_refused(impl, f"load_checkpoint with {what}", other_optimizer, target, ValueError,
+                           [str(other_optimizer), "optimizer"])
+
+
+def foreign_optimizer_states(model, saved: dict):
+    """(what, an optimizer state_dict that does not fit an AdamW over all of ``model``'s parameters)."""
+    params = list(model.parameters())
+    yield "an SGD state for an AdamW optimizer", eager(torch.optim.SGD)(params).state_dict()
+    split = eager(torch.optim.AdamW)([{"params": params[:2]}, {"params": params[2:]}]).state_dict()
+    yield "the state of an AdamW over the same parameters in 2 param groups (decay / no decay)", split
+    group = saved["param_groups"][0]
+    yield ("the state of an AdamW without the last parameter (frozen)",
+           {"state": {i: v for i, v in saved["state"].items() if i != group["params"][-1]},
+            "param_groups": [dict(group, params=group["params"][:-1])]})
+    yield "an empty optimizer entry", {}
+    first, second = group["params"][6:8]  # k_norm (6,) and input_layernorm (48,): 1-D, another length
+    yield ("AdamW moments of parameters 6 and 7 swapped (another parameter order)",
+           dict(saved, state={**saved["state"], first: saved["state"][second], second: saved["state"][first]}))
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
@@ -149,12 +194,65 @@ def load_checkpoint_rejects_a_disabled_scaler_state(impl):
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 def load_checkpoint_rescales_step_for_world_size(impl):
-    """Upstream's rule: step * saved_world_size // world_size when the world size changed."""
+    """Upstream's rule, floored to an int: step * saved_world_size // world_size when the world size changed
+    (more ranks and fewer); world_size=None is the current process group's size (1 without one)."""
     with good_checkpoint(impl) as (_, _, _, path):
-        torch.save(dict(torch.load(path, weights_only=True), world_size=2), path)
-        for world_size, expected in ((2, 2), (1, 4), (4, 1), (3, 1)):
-            fresh = training_objects(RESUME_BASE)
-            checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler,
-                                              world_size=world_size)
-            expect_equal(f"step of a checkpoint saved at step 2 by 2 ranks, loaded with world_size={world_size}",
-                         checkpoint["step"], expected)
+        good = torch.load(path, weights_only=True)
+        fresh = training_objects(RESUME_BASE)  # each load overwrites all of it
+        for saved_world_size, step, world_size, expected in (
+                (2, 2, 2, 2), (2, 2, 1, 4), (2, 2, 4, 1), (2, 2, 3, 1), (2, 3, 4, 1), (4, 3, 8, 1), (3, 5, 2, 7),
+                (1, 5, 2, 2), (2, 2, None, 4), (2, 3, (0, 4), 1), (4, 1, (0, 2), 2)):
+            torch.save(dict(good, world_size=saved_world_size, step=step), path)
+            in_group = isinstance(world_size, tuple)  # (rank, size): world_size=None inside that process group
+            with fake_rank(*world_size) if in_group else contextlib.nullcontext():
+                checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer,
+                                                  scaler=fresh.scaler, world_size=None if in_group else world_size)
+            loaded = f"world_size=None in a group of {world_size[1]}" if in_group else f"world_size={world_size}"
+            expect_equal(f"step of a checkpoint saved at step {step} by {saved_world_size} rank(s), loaded with "
+                         f"{loaded} (type, value)", (type(checkpoint["step"]), checkpoint["step"]), (int, expected))
+
+
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+def load_checkpoint_rejects_bad_counters(impl):
+    """A saved epoch/step that is not an int >= 0 or world_size not an int >= 1: ValueError naming the path
+    and the key, nothing loaded; a world_size argument that is not an int >= 1: ValueError naming it."""
+    with good_checkpoint(impl) as (_, target, tmp, good):
+        saved = torch.load(good, weights_only=True)
+        for key, value in (("step", -1), ("epoch", 0.5), ("world_size", 0), ("step", "2")):
+            bad = Path(tmp) / f"bad_{key}.pth"
+            torch.save(dict(saved, **{key: value}), bad)
+            expect_refused(impl, f"load_checkpoint of a checkpoint with {key}={value!r}", bad, target, ValueError,
+                           [str(bad), key])
+        model, optimizer, scaler = target.model, target.optimizer, target.scaler
+        expect_raises("load_checkpoint(world_size=0)", lambda: impl.load_checkpoint(
+            good, model=model, optimizer=optimizer, scaler=scaler, world_size=0), ValueError, "world_size",
+            ("path", "model", "optimizer", "scaler", "world_size"))
+
+
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+def load_checkpoint_reads_a_file_from_another_device(impl):
+    """A checkpoint whose tensors were saved on another device (here an Apple mps GPU, absent on this machine)
+    loads onto the CPU: torch.load(..., map_location="cpu"), everything restored bit for bit."""
+    with good_checkpoint(impl) as (objects, target, tmp, good):
+        elsewhere = Path(tmp) / "saved_on_mps.pth"
+        elsewhere.write_bytes(saved_on_device(good.read_bytes(), b"mps"))
+        expect_works("load_checkpoint of a checkpoint saved on an mps device, on a CPU-only machine",
+                     lambda: impl.load_checkpoint(elsewhere, model=target.model, optimizer=target.optimizer,
+                                                  scaler=target.scaler),
+                     "loaded onto the CPU", 'hint: torch.load(path, map_location="cpu", weights_only=True)')
+        expect_tensors_close("model restored from the mps checkpoint", target.model.state_dict(),
+                             objects.model.state_dict(), rtol=0.0, atol=0.0)
+        expect_optimizer_state_equal("optimizer restored from the mps checkpoint", target.optimizer.state_dict(),
+                                     objects.optimizer.state_dict())
+
+
+def saved_on_device(data: bytes, device: bytes) -> bytes:
+    """``torch.save`` bytes of CPU tensors rewritten as if saved on ``device`` (a 3-letter name like ``cpu``):
+    the pickled storage location is the only difference."""
+    cpu, moved = b"X\x03\x00\x00\x00cpu", b"X\x03\x00\x00\x00" + device
+    archive, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as rewritten:
+        for info in archive.infolist():
+            content = archive.read(info)
+            rewritten.writestr(info, content.replace(cpu, moved) if info.filename.endswith("/data.pkl") else content)
+    return out.getvalue()

@@ -3,15 +3,18 @@ equivalent PASSES every check (tests/test_mistakes.py proves both)."""
 from __future__ import annotations
 
 from ..catalogue import equivalent, mistake
-from .checks import skip_batch_sampler_matches_upstream
-from .loading import (load_checkpoint_rejects_a_disabled_scaler_state,
-                      load_checkpoint_rejects_another_config_with_the_same_shapes,
+from .checks import (skip_batch_sampler_follows_a_reshuffled_sampler, skip_batch_sampler_matches_upstream,
+                     skip_batch_sampler_rejects_bad_arguments)
+from .loading import (load_checkpoint_reads_a_file_from_another_device, load_checkpoint_rejects_a_disabled_scaler_state,
+                      load_checkpoint_restores_everything,
+                      load_checkpoint_rejects_another_config_with_the_same_shapes, load_checkpoint_rejects_bad_counters,
                       load_checkpoint_rejects_foreign_checkpoints, load_checkpoint_rejects_unreadable_files,
                       load_checkpoint_rescales_step_for_world_size)
 from .resume import exact_resume_fp32, exact_resume_with_grad_scaler, resume_position_cases
 from .saving import (save_checkpoint_is_atomic, save_checkpoint_refuses_pending_gradients,
-                     save_checkpoint_unwraps_ddp_and_compile, save_checkpoint_writes_full_state,
-                     save_checkpoint_writes_next_to_the_target, save_checkpoint_writes_on_rank_0_only)
+                     save_checkpoint_rejects_bad_counters, save_checkpoint_unwraps_ddp_and_compile,
+                     save_checkpoint_writes_full_state, save_checkpoint_writes_next_to_the_target,
+                     save_checkpoint_writes_on_rank_0_only)
 
 MISTAKES = [
     mistake("drops_optimizer_state", "restores the weights only: AdamW restarts with empty moments",
@@ -85,9 +88,102 @@ MISTAKES = [
         "load_checkpoint",
         "    if scaler is not None and scaler.is_enabled() and not scaler_state:\n", "    if False:\n",
         load_checkpoint_rejects_a_disabled_scaler_state),
+    mistake("reuses_one_batch_list", "yields one list and clears it for the next batch: list(sampler) holds "
+        "empty batches", "SkipBatchSampler.__iter__", "                batch = []\n", "                batch.clear()\n",
+        skip_batch_sampler_matches_upstream),
+    mistake("copies_indices_once", "list(indices) in __init__: a DistributedSampler's set_epoch reshuffle is "
+        "never seen", "SkipBatchSampler.__init__", "        self.indices = indices\n",
+        "        self.indices = list(indices)\n", skip_batch_sampler_follows_a_reshuffled_sampler),
+    mistake("accepts_a_negative_batch_size", "refuses batch_size 0 only: -2 fails later, in the skip's bounds",
+        "SkipBatchSampler.__init__", "if not isinstance(batch_size, int) or batch_size < 1:", "if batch_size == 0:",
+        skip_batch_sampler_rejects_bad_arguments),
+    mistake("unsized_indices_unnamed", "lets len() of a generator fail: a TypeError that does not name indices",
+        "SkipBatchSampler.__init__", "        if not isinstance(indices, Sized):\n", "        if False:\n",
+        skip_batch_sampler_rejects_bad_arguments),
+    mistake("cleanup_skips_keyboard_interrupt", "except Exception: a Ctrl-C during torch.save leaves the temporary "
+        "file behind", "save_checkpoint", "    except BaseException:\n", "    except Exception:\n",
+        save_checkpoint_is_atomic),
+    mistake("fsyncs_the_directory_not_the_file", "fsyncs the target directory instead of the temporary file: its "
+        "bytes may still sit in the page cache", "save_checkpoint", "            os.fsync(handle.fileno())\n",
+        "            os.fsync(os.open(path.parent, os.O_RDONLY))\n", save_checkpoint_writes_next_to_the_target),
+    mistake("other_ranks_skip_validation", "ranks other than 0 return before validating: a bad step passes silently "
+        "there", "save_checkpoint", "    path = Path(path)\n",
+        "    path = Path(path)\n    if dist.is_initialized() and dist.get_rank() != 0:\n        return\n",
+        save_checkpoint_writes_on_rank_0_only),
+    mistake("stores_extra_objects_raw", "stores an extra object itself, not its state_dict: weights_only cannot "
+        "load it back", "save_checkpoint", 'v.state_dict() if hasattr(v, "state_dict") else v', "v",
+        save_checkpoint_writes_full_state),
+    mistake("extra_overwrites_checkpoint_keys", "an extra named world_size or model_config silently replaces the "
+        "saved one", "save_checkpoint", "    if overlap:\n", "    if False:\n", save_checkpoint_rejects_bad_counters),
+    mistake("accepts_float_counters", "epoch=1.0 is saved as a float (resume_position and range() then break)",
+        "save_checkpoint", "if not isinstance(epoch, int) or epoch < 0:", "if epoch < 0:",
+        save_checkpoint_rejects_bad_counters),
+    mistake("ignores_extra_model_keys", "refuses missing model keys only: an unexpected saved key passes "
+        "validation, then load_state_dict raises a RuntimeError without the path", "_validate_model_state",
+        "    if missing or unexpected:\n", "    if missing:\n", load_checkpoint_rejects_foreign_checkpoints),
+    mistake("optimizer_state_shapes_unchecked", "accepts AdamW moments shaped unlike their parameters (another "
+        "parameter order)", "_validate_optimizer_state",
+        "if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:", "if False:",
+        load_checkpoint_rejects_foreign_checkpoints),
+    mistake("optimizer_group_count_unchecked", "compares the number of parameters, not of param groups: torch "
+        "raises inside optimizer.load_state_dict, after the model changed", "_validate_optimizer_state",
+        'if len(state["param_groups"]) != len(optimizer.param_groups) or len(saved_ids) != len(params):',
+        "if len(saved_ids) != len(params):", load_checkpoint_rejects_foreign_checkpoints),
+    mistake("no_map_location", "torch.load without map_location: a file saved on a GPU / mps device does not load "
+        "on a machine without one", "load_checkpoint", 'torch.load(path, map_location="cpu", weights_only=True)',
+        "torch.load(path, weights_only=True)", load_checkpoint_reads_a_file_from_another_device),
+    mistake("rounds_the_rescaled_step", "round(step * saved / current) instead of upstream's floor",
+        "load_checkpoint", 'checkpoint["step"] * checkpoint["world_size"] // current',
+        'round(checkpoint["step"] * checkpoint["world_size"] / current)', load_checkpoint_rescales_step_for_world_size),
+    mistake("world_size_ignores_process_group", "world_size=None means 1 even under torch.distributed",
+        "_world_size", "        return dist.get_world_size() if dist.is_initialized() else 1\n",
+        "        return 1\n", load_checkpoint_rescales_step_for_world_size),
+    mistake("accepts_world_size_zero", "checks that world_size >= 0 like the counters: 0 divides by zero later",
+        "load_checkpoint", 'checkpoint[key] < (1 if key == "world_size" else 0)', "checkpoint[key] < 0",
+        load_checkpoint_rejects_bad_counters),
+    mistake("restarts_the_growth_tracker", "restores the scale but not the growth tracker: the scale grows at "
+        "other steps than in the uninterrupted run", "load_checkpoint",
+        "        scaler.load_state_dict(scaler_state)\n",
+        '        scaler.load_state_dict(dict(scaler_state, _growth_tracker=0))\n', exact_resume_with_grad_scaler),
+    mistake("next_epoch_one_step_early", "treats step == iters - 1 as the end of the epoch: its last micro-batch "
+        "is never trained", "resume_position", "(epoch + 1, 0) if step == iters", "(epoch + 1, 0) if step >= iters - 1",
+        resume_position_cases),
+    mistake("default_skips_a_batch", "skip_batches defaults to 1: a fresh epoch loses its first batch",
+        "SkipBatchSampler.__init__", "skip_batches: int = 0", "skip_batches: int = 1",
+        skip_batch_sampler_matches_upstream),
+    mistake("skip_bound_rounds_up_a_full_epoch", "(N + bs) // bs batches: skip_batches=4 passes for 9 samples in "
+        "batches of 3", "SkipBatchSampler.__init__", "total = (len(indices) + batch_size - 1) // batch_size",
+        "total = (len(indices) + batch_size) // batch_size", skip_batch_sampler_rejects_bad_arguments),
+    mistake("save_needs_a_path_object", "path.parent of a str path: save_checkpoint('out/resume.pth') raises",
+        "save_checkpoint", "    path = Path(path)\n    model = _unwrapped(model)\n", "    model = _unwrapped(model)\n",
+        save_checkpoint_writes_next_to_the_target),
+    mistake("refuses_step_zero", "step <= 0 refused: the checkpoint at the start of a run cannot be written",
+        "save_checkpoint", "if not isinstance(step, int) or step < 0:", "if not isinstance(step, int) or step <= 0:",
+        save_checkpoint_rejects_bad_counters),
+    mistake("load_needs_a_path_object", "path.is_file() of a str path: load_checkpoint('out/resume.pth') raises",
+        "load_checkpoint", "    path = Path(path)\n", "", load_checkpoint_restores_everything),
+    mistake("load_needs_a_scaler", "loads the saved scaler state whether or not a scaler was given: a model-only "
+        "load raises", "load_checkpoint", "    if scaler is not None and scaler_state:\n", "    if scaler_state:\n",
+        load_checkpoint_restores_everything),
+    mistake("accepts_a_file_without_a_dict", "skips the dict check: a file holding a tensor fails with a "
+        "RuntimeError that names no path", "load_checkpoint", "    if not isinstance(checkpoint, dict):\n",
+        "    if False:\n", load_checkpoint_rejects_unreadable_files),
+    mistake("accepts_a_model_entry_of_none", "skips the model-entry check: model=None fails with a TypeError",
+        "load_checkpoint", '    if not isinstance(checkpoint["model"], dict):\n', "    if False:\n",
+        load_checkpoint_rejects_unreadable_files),
+    mistake("accepts_an_empty_optimizer_entry", "no check that the optimizer entry is a state_dict: {} fails "
+        "with a KeyError", "_validate_optimizer_state",
+        '    if not isinstance(state, dict) or not {"state", "param_groups"} <= set(state):\n', "    if False:\n",
+        load_checkpoint_rejects_foreign_checkpoints),
+    mistake("optimizer_shapes_checked_for_matrices_only", "compares state shapes of 2-D parameters only: swapped "
+        "norm moments pass", "_validate_optimizer_state", "value.dim() > 0", "value.dim() > 1",
+        load_checkpoint_rejects_foreign_checkpoints),
 ]
 
 EQUIVALENTS = [
+    equivalent("loads_any_scaler_state", "calls scaler.load_state_dict even for an empty saved state: a disabled "
+        "GradScaler ignores it, and an enabled one was refused an empty state before", "load_checkpoint",
+        "    if scaler is not None and scaler_state:\n", "    if scaler is not None:\n"),
     equivalent("ceil_by_negation", "-(-N // bs) instead of (N + bs - 1) // bs in __len__",
         "SkipBatchSampler.__len__", "(len(self.indices) + self.batch_size - 1) // self.batch_size - self.skip_batches",
         "-(-len(self.indices) // self.batch_size) - self.skip_batches"),

@@ -12,15 +12,17 @@ from .checks import check_exact_resume
 
 @check("resume_position")
 def resume_position_cases(impl):
-    """Mid-epoch resumes where it stopped; an epoch-end checkpoint resumes at the next epoch's start."""
-    for (epoch, step, iters), expected in [((0, 4, 6), (0, 4)), ((0, 6, 6), (1, 0)), ((1, 0, 6), (1, 0)),
-                                           ((2, 1, 3), (2, 1)), ((0, 1, 1), (1, 0))]:
+    """Mid-epoch (also one micro-batch before the end) resumes where it stopped; an epoch-end checkpoint resumes
+    at the next epoch's start; a step outside [0, iters] or iters < 1 raises ValueError naming it."""
+    for (epoch, step, iters), expected in [((0, 4, 6), (0, 4)), ((0, 5, 6), (0, 5)), ((0, 6, 6), (1, 0)),
+                                           ((1, 0, 6), (1, 0)), ((2, 1, 3), (2, 1)), ((0, 1, 1), (1, 0)),
+                                           ((0, 0, 1), (0, 0)), ((3, 1, 2), (3, 1))]:
         expect_equal(f"resume_position({{'epoch': {epoch}, 'step': {step}}}, iters={iters})",
                      tuple(impl.resume_position({"epoch": epoch, "step": step}, iters)), expected)
-    expect_raises("resume_position(step=7, iters=6)", lambda: impl.resume_position({"epoch": 0, "step": 7}, 6),
-                  ValueError, "step")
-    expect_raises("resume_position(iters=0)", lambda: impl.resume_position({"epoch": 0, "step": 0}, 0),
-                  ValueError, "iters")
+    for step, iters, bad in ((7, 6, "step"), (-1, 6, "step"), (0, 0, "iters"), (2, 1.0, "iters")):
+        expect_raises(f"resume_position({{'epoch': 0, 'step': {step}}}, iters={iters!r})",
+                      lambda: impl.resume_position({"epoch": 0, "step": step}, iters), ValueError, bad,
+                      ("iters", "step"))
 
 
 @check("resume_position", uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))

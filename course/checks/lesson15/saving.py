@@ -13,7 +13,7 @@ from course.runs import full_epoch_batches, save_objects, train_until
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
 from ..framework import check, expect_equal, expect_raises, expect_tensor_close, fail
-from .checks import CompiledWrapper, fake_ddp, fake_rank, good_checkpoint
+from .checks import CompiledWrapper, expect_works, fake_ddp, fake_rank, good_checkpoint
 
 
 # --- save_checkpoint ---------------------------------------------------------------------------
@@ -27,12 +27,19 @@ def save_checkpoint_writes_full_state(impl):
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
-        save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch")
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        save_objects(impl, path, objects, stop_epoch, stop_step, batch_size_semantics="micro_batch",
+                     progress=Progress())
+        saved = expect_works("torch.load(checkpoint, weights_only=True)",
+                             lambda: torch.load(path, map_location="cpu", weights_only=True),
+                             "a dict of tensors, containers and plain values",
+                             "hint: an extra with a state_dict() is stored by it")
         expect_equal("files in the checkpoint directory after a save", sorted(p.name for p in Path(tmp).iterdir()),
                      ["resume.pth"])
-    keys = ["batch_size_semantics", "epoch", "model", "model_config", "optimizer", "scaler", "step", "world_size"]
+    keys = ["batch_size_semantics", "epoch", "model", "model_config", "optimizer", "progress", "scaler", "step",
+            "world_size"]
     expect_equal("checkpoint keys", sorted(saved), keys)
+    expect_equal("extra 'progress' (an object with a state_dict) in the checkpoint", saved["progress"],
+                 Progress().state_dict())
     expect_equal("(epoch, step, world_size, batch_size_semantics)",
                  (saved["epoch"], saved["step"], saved["world_size"], saved["batch_size_semantics"]),
                  (stop_epoch, stop_step, 1, "micro_batch"))
@@ -47,6 +54,13 @@ def save_checkpoint_writes_full_state(impl):
                  (scenario.hidden_size, scenario.use_moe))
 
 
+class Progress:
+    """An extra with a ``state_dict`` (like an lr scheduler's): the checkpoint stores that dict, not the object."""
+
+    def state_dict(self):
+        return {"samples_seen": 12, "tokens_seen": 192}
+
+
 def expect_optimizer_state_equal(what, actual: dict, expected: dict) -> None:
     expect_equal(f"{what}: param_groups", actual["param_groups"], expected["param_groups"])
     expect_equal(f"{what}: parameters with state", sorted(actual["state"]), sorted(expected["state"]))
@@ -56,37 +70,42 @@ def expect_optimizer_state_equal(what, actual: dict, expected: dict) -> None:
                                 rtol=0.0, atol=0.0)
 
 
-def exploding_save(obj, f, *args, **kwargs):
-    """Stands for a crash in the middle of ``torch.save``: some bytes reach the target, then an error."""
-    if isinstance(f, (str, Path)):
-        Path(f).write_bytes(b"PK\x03\x04 half-written checkpoint")
-    else:
-        f.write(b"PK\x03\x04 half-written checkpoint")
-    raise OSError("simulated crash in the middle of torch.save")
+class CrashWhilePickled:
+    """An extra that raises ``error`` when ``torch.save`` reaches it, after the model's bytes are written:
+    a failure in the middle of a save (an unpicklable value, a full disk, Ctrl-C)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __reduce_ex__(self, protocol):
+        raise self.error
 
 
 @check("save_checkpoint", hidden=True, uses=("load_checkpoint",))
 def save_checkpoint_is_atomic(impl):
-    """A crash during a save leaves the previous checkpoint byte-identical and loadable, and no temp file."""
+    """A save that fails halfway (OSError, or KeyboardInterrupt) re-raises and leaves the previous checkpoint
+    byte-identical and loadable, and no temporary file."""
     with good_checkpoint(impl) as (objects, fresh, tmp, path):
         before = path.read_bytes()
-        real_save = torch.save
-        torch.save = exploding_save
-        try:
-            save_objects(impl, path, objects, 0, 2)
-        except OSError:
-            pass
-        else:
-            fail("save_checkpoint while torch.save crashes", "returned normally", "the OSError propagates")
-        finally:
-            torch.save = real_save
-        after = path.read_bytes() if path.is_file() else None
-        if after != before:
-            fail(f"{path.name} after a crashed save", "missing" if after is None else f"{len(after)} bytes, changed",
-                 f"the previous checkpoint, {len(before)} bytes, unchanged",
-                 "write to a temporary file in the same directory, then os.replace it onto the path")
-        expect_equal("files in the checkpoint directory after the crash", sorted(p.name for p in Path(tmp).iterdir()),
-                     ["good.pth"])
+        for error in (OSError("simulated full disk in the middle of torch.save"), KeyboardInterrupt()):
+            where = f"save_checkpoint failing halfway with {type(error).__name__}"
+            try:
+                save_objects(impl, path, objects, 0, 4, crash=CrashWhilePickled(error))
+            except type(error):
+                pass
+            except NotImplementedError:
+                raise
+            except BaseException as exc:
+                fail(where, f"{type(exc).__name__}: {exc}", f"the {type(error).__name__} propagates")
+            else:
+                fail(where, "returned normally", f"the {type(error).__name__} propagates")
+            after = path.read_bytes() if path.is_file() else None
+            if after != before:
+                fail(f"{path.name} after a {where}", "missing" if after is None else f"{len(after)} bytes, changed",
+                     f"the previous checkpoint, {len(before)} bytes, unchanged",
+                     "write to a temporary file in the same directory, then os.replace it onto the path")
+            expect_equal(f"files in the checkpoint directory after a {where}",
+                         sorted(p.name for p in Path(tmp).iterdir()), ["good.pth"])
         checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler)
         expect_equal("(epoch, step) of the previous checkpoint", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
 
@@ -102,14 +121,9 @@ def save_checkpoint_refuses_pending_gradients(impl):
         path = Path(tmp) / "resume.pth"
         model(input_ids, labels=labels).loss.backward()
         objects.optimizer.zero_grad(set_to_none=False)
-        try:
-            save_objects(impl, path, objects, 0, 2)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            fail("save_checkpoint after optimizer.zero_grad(set_to_none=False) (all gradients are zero tensors)",
-                 f"{type(exc).__name__}: {exc}", "the checkpoint is written",
-                 "hint: a zero gradient is not a pending one: test for non-zero values, not for `grad is not None`")
+        expect_works("save_checkpoint after optimizer.zero_grad(set_to_none=False) (all gradients are zero tensors)",
+                     lambda: save_objects(impl, path, objects, 0, 2), "the checkpoint is written",
+                     "hint: a zero gradient is not a pending one: test for non-zero values, not for `grad is not None`")
         path.unlink()
         model(input_ids, labels=labels).loss.backward()
         expect_raises("save_checkpoint with pending gradients (micro-step 3 of a K=2 window)",
@@ -119,38 +133,41 @@ def save_checkpoint_refuses_pending_gradients(impl):
 
 @check("save_checkpoint", hidden=True)
 def save_checkpoint_writes_next_to_the_target(impl):
-    """The parent directory is created; the temporary file lies in the target's directory (os.replace is a
-    rename only there) and is fsync'd before os.replace puts it onto the target."""
+    """The parent directory (of a str path) is created; the temporary file lies in the target's directory
+    (os.replace is a rename only there) and is fsync'd, all its bytes flushed, before os.replace puts it onto
+    the target."""
     objects, _ = train_until(RESUME_BASE, 0, 2)
     calls = []
     real_replace, real_fsync = os.replace, os.fsync
 
     def spy_replace(src, dst, *args, **kwargs):
-        calls.append(("replace", Path(src), Path(dst)))
+        calls.append(("replace", Path(src), Path(dst), (os.stat(src).st_ino, os.stat(src).st_size)))
         return real_replace(src, dst, *args, **kwargs)
 
-    def spy_fsync(fd):
-        calls.append(("fsync",))
+    def spy_fsync(fd):  # the file (inode) and the bytes it holds on disk when fsync'd
+        calls.append(("fsync", (os.fstat(fd).st_ino, os.fstat(fd).st_size)))
         return real_fsync(fd)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "new" / "run" / "resume.pth"
         os.replace, os.fsync = spy_replace, spy_fsync
         try:
-            save_objects(impl, path, objects, 0, 2)
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            fail(f"save_checkpoint into {path.parent}, which does not exist yet", f"{type(exc).__name__}: {exc}",
-                 "the directory is created and the checkpoint written")
+            expect_works(f"save_checkpoint(str path) into {path.parent}, which does not exist yet",
+                         lambda: save_objects(impl, str(path), objects, 0, 2),
+                         "the directory is created and the checkpoint written")
         finally:
             os.replace, os.fsync = real_replace, real_fsync
-        replaces = [(i, call[1]) for i, call in enumerate(calls) if call[0] == "replace" and call[2] == path]
+        replaces = [(i, call[1], call[3]) for i, call in enumerate(calls) if call[0] == "replace" and call[2] == path]
         if len(replaces) != 1:
-            fail("os.replace(temporary file, path) calls during the save", len(replaces), 1)
-        index, source = replaces[0]
+            fail("os.replace(temporary file, path) calls during the save", len(replaces), 1,
+                 "hint: os.replace from the os module (shutil.move may copy instead of renaming)")
+        index, source, (inode, size) = replaces[0]
         expect_equal("directory of the temporary file that os.replace moves onto the checkpoint",
                      str(source.parent.resolve()), str(path.parent.resolve()))
-        expect_equal("os.fsync calls before os.replace", min(1, sum(call[0] == "fsync" for call in calls[:index])), 1)
+        synced = [call[1][1] for call in calls[:index] if call[0] == "fsync" and call[1][0] == inode]
+        if size not in synced:
+            fail("bytes of the temporary file on disk when os.fsync'd, before os.replace moves it onto the checkpoint",
+                 f"fsync'd with {synced} bytes" if synced else "never fsync'd", f"{size} bytes (all of it)",
+                 "torch.save into the temporary file, handle.flush(), os.fsync(handle.fileno()), then os.replace")
 
 
 @check("save_checkpoint")
@@ -183,6 +200,8 @@ def save_checkpoint_writes_on_rank_0_only(impl):
         path = Path(tmp) / "resume.pth"
         with fake_rank(1, 2):
             save_objects(impl, path, objects, 0, 2)
+            expect_raises("save_checkpoint(step=-1) on rank 1 of 2 (every rank validates)",
+                          lambda: save_objects(impl, path, objects, 0, -1), ValueError, "step", SAVE_ARGUMENTS)
         expect_equal("files written by rank 1 of 2", sorted(p.name for p in Path(tmp).iterdir()), [])
         with fake_rank(0, 2):
             save_objects(impl, path, objects, 0, 2)
@@ -190,13 +209,25 @@ def save_checkpoint_writes_on_rank_0_only(impl):
         expect_equal("world_size saved by rank 0 of 2", torch.load(path, weights_only=True)["world_size"], 2)
 
 
+SAVE_ARGUMENTS = ("path", "model", "optimizer", "scaler", "epoch", "step")
+
+
 @check("save_checkpoint", hidden=True)
 def save_checkpoint_rejects_bad_counters(impl):
-    """A negative epoch or step raises ValueError naming it."""
+    """An epoch or step that is not an int >= 0, or an extra named like a checkpoint key, raises ValueError
+    naming it, before anything is written; epoch 0, step 0 is saved."""
     objects, _ = train_until(RESUME_BASE, 0, 2)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "resume.pth"
-        expect_raises("save_checkpoint(epoch=-1)", lambda: save_objects(impl, path, objects, -1, 2), ValueError,
-                      "epoch")
-        expect_raises("save_checkpoint(step=-1)", lambda: save_objects(impl, path, objects, 0, -1), ValueError,
-                      "step")
+        for epoch, step, bad in ((-1, 2, "epoch"), (0, -1, "step"), (1.0, 2, "epoch"), (0, 2.0, "step")):
+            expect_raises(f"save_checkpoint(epoch={epoch!r}, step={step!r})",
+                          lambda: save_objects(impl, path, objects, epoch, step), ValueError, bad, SAVE_ARGUMENTS)
+        for key in ("world_size", "model_config"):
+            expect_raises(f"save_checkpoint(..., {key}=...) (an extra that would overwrite the saved {key})",
+                          lambda: save_objects(impl, path, objects, 0, 2, **{key: 3}), ValueError, key,
+                          SAVE_ARGUMENTS + (key,))
+        expect_equal("files written by the refused saves", sorted(p.name for p in Path(tmp).iterdir()), [])
+        expect_works("save_checkpoint(epoch=0, step=0) (the start of a run)",
+                     lambda: save_objects(impl, path, objects, 0, 0), "the checkpoint is written")
+        expect_equal("files written by a save at epoch 0, step 0", sorted(p.name for p in Path(tmp).iterdir()),
+                     [path.name])
