@@ -115,9 +115,9 @@ class TrainingSession:
       dropped, report ``aborted=True``). ``after_update()`` runs once after an optimizer step that happened
       (never on a skipped or aborted update) and sees the new parameters and the gradients still in place.
     * A skipped update (GradScaler overflow): parameters unchanged, ``optimizer_step`` does not advance, no
-      ``after_update``. The GradScaler is stepped and updated once per update that is not aborted, skipped
-      or not (its scale backs off on an overflow). A scale that GREW (after ``growth_interval`` clean steps)
-      belongs to a step that happened: no skip.
+      ``after_update``. Every update that is not aborted goes through the GradScaler exactly once, skipped
+      or not, so its scale backs off once per overflow. A scale that GREW (after ``growth_interval`` clean
+      steps) belongs to a step that happened: no skip.
     * After an update closes (stepped, skipped or aborted) every ``.grad`` is ``None``, the session's
       counters and loss totals are 0 again, and the next update starts clean, whatever its K, lr, clipping or
       N. Loss totals hold detached tensors (no micro-step's graph kept alive).
