@@ -24,32 +24,47 @@ from course.runs import SESSION_SCENARIO, masked_micro_batches, tiny_model  # no
 def count_loss_units(labels: torch.Tensor) -> int:
     """TODO (lesson 16 §4.1): the number of targets the model's loss averages over, as a Python int.
 
-    Aligns with the shift in ``course/minimind/model.py::MiniMindForCausalLM.forward``
-    (``labels[:, 1:]``, ``ignore_index=-100``): count ``labels[..., 1:] != -100``, so position 0 is never
-    a target; works for ``[seq]`` and ``[batch, seq]``. Example: ``[[5, 6, -100, -100], [-100, 7, 8, 9]]`` -> 4.
-    Raise ``ValueError`` naming ``labels`` for a 0-dim input or a dtype that holds no token ids (float, complex,
-    bool).
+    Contract: ``labels`` holds token ids with -100 (``IGNORE_INDEX``) where a target does not count, shaped
+    ``[seq]`` or ``[batch, seq]``. Count exactly the targets whose NLL ``course/minimind/model.py``'s loss
+    (and ``token_nll_sum``) averages over - no more, no fewer (lesson 16 §1.3 says which positions those are).
+    Return an ``int`` (a host-side count, not a tensor).
+
+    Examples: ``[[5, 6, -100, -100], [-100, 7, 8, 9]]`` -> 4; ``[[1, 2, 3, 4, 5]]`` -> 4; ``[[7]]`` -> 0;
+    ``[3, -100, 4, 5]`` -> 2; ``[[-100, -100, -100]]`` -> 0.
+
+    Argument rules: a 0-dim tensor, or a dtype that holds no token ids (float, complex, bool: a mask is not
+    labels), is a ``ValueError`` naming ``labels``. Graded exactly (the count and its type).
     """
     raise NotImplementedError("count_loss_units: TODO - see lesson 16 §4.1")
 
 
 def split_global_batch(samples, global_batch_size: int, accumulation_steps: int) -> list[list]:
-    """TODO (lesson 16 §4.2): cut one global batch into micro-batches of global // accum samples.
+    """TODO (lesson 16 §4.2): cut one global batch into its micro-batches, in order.
 
-    ``samples`` is any sequence (a list, a tuple, a range); keep the order and return a list of lists. A short
-    final global batch is split over what remains (the
-    last micro-batch may be smaller): 5 samples, global 8, accum 4 -> ``[[0, 1], [2, 3], [4]]``. Raise ``ValueError`` naming the argument when ``global_batch_size`` or
-    ``accumulation_steps`` is < 1, when ``global_batch_size % accumulation_steps != 0`` (name
-    ``accumulation_steps``), or when ``samples`` is empty or longer than ``global_batch_size``; the bad argument
-    is the first one the message names.
+    Contract: every micro-batch holds ``global_batch_size / accumulation_steps`` samples, except that a short
+    final global batch (fewer samples than ``global_batch_size``) is split over what remains, so its last
+    micro-batch may be smaller and there may be fewer micro-batches. ``samples`` is any sequence (a list, a
+    tuple, a range); the result is always a list of lists, the samples in their given order.
+
+    Examples: ``(range(8), 8, 4)`` -> ``[[0, 1], [2, 3], [4, 5], [6, 7]]``; ``(range(5), 8, 4)`` ->
+    ``[[0, 1], [2, 3], [4]]``; ``(["only"], 8, 4)`` -> ``[["only"]]``; ``(range(9), 12, 3)`` ->
+    ``[[0, 1, 2, 3], [4, 5, 6, 7], [8]]``.
+
+    Argument rules (``ValueError`` whose message names the bad argument first): ``global_batch_size`` < 1;
+    ``accumulation_steps`` < 1, or one that does not divide ``global_batch_size`` (name
+    ``accumulation_steps``: it is the one to change); ``samples`` empty or longer than ``global_batch_size``.
     """
     raise NotImplementedError("split_global_batch: TODO - see lesson 16 §4.2")
 
 
 def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
-    """TODO (lesson 16 §4.2): optimizer updates per epoch, ``ceil(sample_count / global_batch_size)``.
+    """TODO (lesson 16 §4.2): the number of optimizer updates in an epoch of ``sample_count`` samples.
 
-    Raise ``ValueError`` naming the argument when ``sample_count < 0`` or ``global_batch_size < 1``.
+    Contract: one update per global batch of the epoch; a short last global batch is an update too (with its
+    own, smaller N). Examples: ``(160, 8)`` -> 20; ``(161, 8)`` -> 21; ``(7, 8)`` -> 1; ``(0, 8)`` -> 0.
+
+    Argument rules: ``ValueError`` naming ``sample_count`` when it is < 0, naming ``global_batch_size`` when
+    it is < 1.
     """
     raise NotImplementedError("steps_per_epoch: TODO - see lesson 16 §4.2")
 
@@ -57,50 +72,78 @@ def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
 class TrainingSession:
     """TODO (lesson 16 §4.3): one parameter update executed over ``accumulation_steps`` calls.
 
-    Replaces the accumulation part of ``course/minimind/train_pretrain.py::train_epoch`` (``loss / K``,
-    ``step % K``, the tail flush). Public API the checks use:
+    Replaces the accumulation part of ``course/minimind/train_pretrain.py::train_epoch`` (its ``loss / K``,
+    its ``step % K``, its tail flush); lessons 16 §1.2 (the weighting), §4.3 and §5.1-§5.2 (the protocol)
+    say why each rule below exists. Types: ``course/protocol/types.py``.
 
-    * ``__init__(model, optimizer, *, accumulation_steps, scaler=None, autocast=None)``:
-      ``ValueError`` naming ``accumulation_steps`` if < 1, and naming ``optimizer`` if it holds a
-      tensor that is not one of ``model.parameters()``. ``scaler=None`` means a disabled
-      ``torch.amp.GradScaler`` for the model's device; ``autocast=None`` means ``nullcontext()``.
-    * attributes ``optimizer_step`` (updates done), ``microsteps_accumulated``, ``accumulation_valid``.
-    * ``train_step(batch, options, step_fn) -> TrainingStepReport``: ``ValueError`` naming
-      ``normalization_units`` if it is < 1 or changes inside an update (nothing is updated); set
-      ``options.lr`` if given, in EVERY param group; run ``output = step_fn(model, batch)`` under autocast
-      (a ``TrainingStepOutput``, else ``TypeError`` naming ``TrainingStepOutput``; ``gradient_units < 0`` ->
-      ``ValueError`` naming ``gradient_units``, while 0, a micro-batch without valid targets, is allowed and adds
-      nothing); backward ``output.loss * output.gradient_units / normalization_units``
-      through ``scaler.scale(...)``; add ``output.loss_sum.detach()`` (when not None) and
-      ``output.loss_units`` to the update's totals. On a micro-step that does not close the update, convert
-      no tensor to the host: no ``.item()``, ``float(t)``, ``int(t)``, ``bool(t)`` (an ``if`` on a tensor) or
-      ``.tolist()``. This micro-step closes the update when ``options.force_update`` is set or it is the
-      K-th micro-step of the update. A non-closing micro-step returns
-      ``TrainingStepReport(parameters_updated=False, optimizer_step=<unchanged>,
-      microsteps_accumulated=<micro-steps so far, this one included>)`` (``loss_sum`` None, ``loss_units`` 0).
-      A closing one, in this order: ``before_update()`` True -> ``reset_accumulation()`` (gradients and
-      counters dropped, no step) and report ``aborted=True``; else ``scaler.unscale_``, clip with
-      ``clip_grad_norm_(model.parameters(), clip_grad_norm)`` if ``clip_grad_norm > 0`` (report its pre-clip
-      norm as ``grad_norm``; ``grad_norm`` is ``None`` when clipping is off), ``scaler.step``,
-      ``scaler.update``; the scaler skipped the step (inf/NaN) exactly when ``update()`` lowered its scale
-      (compare ``scaler.get_scale()`` before and after, when enabled; a scale that grew is no skip). If it stepped: ``optimizer_step += 1``
-      and ``after_update()`` (it sees the new parameters and the gradients still in place); never on a
-      skipped update. Then ``optimizer.zero_grad(set_to_none=True)``. Report ``parameters_updated`` (it
-      stepped), ``overflow_skipped`` (it skipped; ``optimizer_step`` does not advance), the new
-      ``optimizer_step``, the update's ``microsteps_accumulated`` (e.g. 2 for a tail of 2), its ``loss_sum``
-      (still a device tensor) and ``loss_units``; the session's own counters and totals are 0 again, every
-      ``.grad`` is ``None``, and the next update starts clean. If the model has
-      ``no_sync`` (DDP), run the forward and backward of every non-closing micro-step inside ``model.no_sync()``.
-    * any exception inside ``train_step`` - in ``step_fn``, in backward, in ``before_update`` or
-      ``after_update``, anywhere - propagates unchanged and makes every later call raise
-      ``AccumulationInvalidError`` (its message names ``reset_accumulation()``) until ``reset_accumulation()``,
-      which drops the gradients (``zero_grad(set_to_none=True)``) and the pending counters and totals, and
-      accepts micro-steps again.
-    * ``state() -> TrainingSessionState``: the lr of param group 0 as it is now, ``optimizer_step``,
-      ``microsteps_accumulated``, the pending ``loss_sum`` / ``loss_units``, ``accumulation_valid``.
-    * ``load_state(state)``: only at an update boundary. If ``state.microsteps_accumulated`` or the
-      session's own is not 0, raise ``ValueError`` naming ``microsteps_accumulated`` and change
-      nothing; else restore ``optimizer_step`` and set ``state.lr`` in every param group.
+    Public API (what the checks call):
+
+    * ``TrainingSession(model, optimizer, *, accumulation_steps, scaler=None, autocast=None)``.
+      ``scaler=None`` means a disabled ``torch.amp.GradScaler`` for the model's device; ``autocast=None``
+      means no autocast (``nullcontext()``).
+    * attributes ``optimizer_step`` (optimizer steps done), ``microsteps_accumulated`` (micro-steps of the
+      pending update), ``accumulation_valid``.
+    * ``train_step(batch, options, step_fn) -> TrainingStepReport``: one micro-step. ``step_fn(model, batch)``
+      runs under the session's autocast and returns a ``TrainingStepOutput``.
+    * ``reset_accumulation()``, ``state() -> TrainingSessionState``, ``load_state(state)``.
+
+    Reports. A micro-step that does not close the update reports ``parameters_updated=False``, the unchanged
+    ``optimizer_step``, ``microsteps_accumulated`` = micro-steps of this update so far (this one included),
+    ``loss_sum=None``, ``loss_units=0``. The micro-step that closes the update reports what happened to it:
+    ``parameters_updated`` (the optimizer stepped), ``overflow_skipped`` (an enabled GradScaler found inf/NaN
+    and skipped the step), ``aborted`` (``before_update`` said so); the new ``optimizer_step``; the update's
+    ``microsteps_accumulated`` (2 for a tail of 2); its ``loss_sum`` (the sum of the micro-steps'
+    ``output.loss_sum``, detached, still a device tensor) and ``loss_units`` (their sum); ``grad_norm``, the
+    total norm of the UNSCALED gradient before clipping when ``clip_grad_norm > 0``, else ``None``.
+
+    Invariants (graded against one backward of the whole global batch, parameters after an SGD step, the
+    GradScaler's scale, and the calls the session makes):
+
+    * An update closes at its K-th micro-step or on ``options.force_update``, whichever comes first (K = 1:
+      every micro-step is an update). Exactly one optimizer step per update that is neither aborted nor
+      skipped; none inside an update (parameters untouched until it closes).
+    * The gradient present when the update closes equals ONE backward of the whole global batch's token-mean
+      loss (NLL sum / N, N = ``normalization_units``, §1.2): each micro-step contributes its loss in
+      proportion to its ``gradient_units`` out of the update's ``normalization_units``. A micro-batch with
+      ``gradient_units == 0`` (no valid target) is allowed and adds nothing.
+    * Clipping (``clip_grad_norm > 0``) limits the total norm of the unscaled gradient to ``clip_grad_norm``
+      with ``torch.nn.utils.clip_grad_norm_``'s coefficient over ``model.parameters()``; 0 means no clipping.
+    * ``options.lr``, when given, is the lr of EVERY param group from this micro-step on; else the optimizer's
+      own lr stays.
+    * Hooks: ``before_update()`` runs once per update at its boundary, with the update's gradients in
+      ``.grad``, before the parameters change; returning True aborts the update (no step, its gradients
+      dropped, report ``aborted=True``). ``after_update()`` runs once after an optimizer step that happened
+      (never on a skipped or aborted update) and sees the new parameters and the gradients still in place.
+    * A skipped update (GradScaler overflow): parameters unchanged, ``optimizer_step`` does not advance, no
+      ``after_update``. Every update that is not aborted goes through the GradScaler exactly once, skipped
+      or not, so its scale backs off once per overflow. A scale that GREW (after ``growth_interval`` clean
+      steps) belongs to a step that happened: no skip.
+    * After an update closes (stepped, skipped or aborted) every ``.grad`` is ``None``, the session's
+      counters and loss totals are 0 again, and the next update starts clean, whatever its K, lr, clipping or
+      N. Loss totals hold detached tensors (no micro-step's graph kept alive).
+    * On a micro-step that does not close the update, no tensor is converted to the host (no ``.item()``,
+      ``float(t)``, ``int(t)``, ``bool(t)`` / an ``if`` on a tensor, ``.tolist()``).
+    * Under DDP (the model has ``no_sync``): the forward and backward of every micro-step that does not close
+      the update run inside ``model.no_sync()``; the closing one outside it (one gradient all-reduce).
+    * Errors: any exception inside ``train_step`` (in ``step_fn``, in backward, in a hook, anywhere)
+      propagates unchanged and makes every later ``train_step`` raise ``AccumulationInvalidError`` (its
+      message names ``reset_accumulation()``) until ``reset_accumulation()``, which drops the gradients
+      (``.grad`` None), the pending counters and totals, and accepts micro-steps again.
+    * ``state()``: lr of param group 0 as it is now, ``optimizer_step``, ``microsteps_accumulated``, the
+      pending ``loss_sum`` / ``loss_units``, ``accumulation_valid``. ``load_state(state)`` restores
+      ``optimizer_step`` and sets ``state.lr`` in every param group - only at an update boundary.
+
+    Argument rules (a rejected call updates nothing):
+
+    * constructor: ``accumulation_steps`` < 1 -> ``ValueError`` naming ``accumulation_steps``; an optimizer
+      holding a tensor that is not one of ``model.parameters()`` (by identity: built on a copy) ->
+      ``ValueError`` naming ``optimizer``.
+    * ``train_step``: ``options.normalization_units`` < 1, or different from the value the pending update
+      started with -> ``ValueError`` naming ``normalization_units`` (1 is allowed); ``step_fn`` returning
+      anything but a ``TrainingStepOutput`` -> ``TypeError`` naming ``TrainingStepOutput``;
+      ``gradient_units`` < 0 -> ``ValueError`` naming ``gradient_units``.
+    * ``load_state``: the saved state's or the session's ``microsteps_accumulated`` not 0 -> ``ValueError``
+      naming ``microsteps_accumulated``, nothing changed.
     """
 
     def __init__(self, model, optimizer, *, accumulation_steps: int, scaler=None, autocast=None):
@@ -122,24 +165,36 @@ class TrainingSession:
 def migrate_train_state(state: dict) -> dict:
     """TODO (lesson 16 §5.4): convert a legacy (micro-batch semantics) training state; never modify the input.
 
-    A state with ``batch_size_semantics == "global"`` comes back as an equal copy; any other value
-    -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy:
-    ``batch_size`` = micro-batch and ``sample_count`` = samples per epoch (both required, ints >= 1),
-    ``epoch`` (default 0, an int >= 0), ``step`` = micro-steps done in the epoch (default 0, an int >= 0),
-    ``accum_steps`` (default 1, an int >= 1); a missing key with a default takes it, a missing required key or
-    a bad value -> ``ValueError`` naming the key (first). The epoch has ``ceil(sample_count / batch_size)`` micro-steps;
-    a larger ``step`` -> ``ValueError`` naming ``step``. Return the state (defaults filled in)
-    without ``batch_size``/``step`` and with ``batch_size_semantics="global"``,
-    ``global_batch_size = batch_size * accum_steps``, ``update_step_in_epoch``, ``sample_position``
-    (= ``update_step_in_epoch * global_batch_size``, the first sample of the resumed update in the
-    epoch's order), ``dropped_microsteps`` and a ``migration_note`` that says where it resumes:
+    Contract. A state with ``batch_size_semantics == "global"`` comes back as an equal copy; any other value
+    -> ``ValueError`` naming ``batch_size_semantics``. A state without the key is legacy (lesson 15's stage
+    assembly): ``batch_size`` was the micro-batch, ``step`` counted the epoch's micro-steps done,
+    ``accum_steps`` is K, ``sample_count`` the epoch's samples. Return a new dict: every other key carried
+    over (model, optimizer, ...), ``batch_size`` and ``step`` removed, and
 
-    * ``step`` inside the epoch: resume at the last update boundary, ``update_step_in_epoch = step //
-      accum_steps``; the ``step % accum_steps`` later micro-steps are dropped (trained again) and
-      the note says "update boundary";
-    * ``step == ceil(sample_count / batch_size)``, the epoch's end (saved after its tail flush, so
-      every sample was applied): resume at update 0 of ``epoch + 1``, nothing dropped, and the note
-      says "start of the next epoch".
+    * ``batch_size_semantics="global"``; ``global_batch_size``: the samples of one legacy update;
+    * ``epoch``, ``update_step_in_epoch``: where the run resumes; ``sample_position``: the index, in the
+      epoch's sample order, of the first sample of that update;
+    * ``dropped_microsteps``: micro-steps done but never applied, trained again after the resume;
+    * ``migration_note``: a sentence saying where it resumes.
+
+    Rules. Pending gradients are never saved, so a ``step`` inside the epoch resumes at the last update
+    boundary it passed and drops the micro-steps after it (the note says "update boundary"). The epoch has
+    as many micro-steps as micro-batches (a partial last one counts); a ``step`` equal to that count is the
+    epoch's end, saved after its tail flush applied every sample: it resumes at update 0 of the next epoch,
+    nothing dropped (the note says "start of the next epoch"). A larger ``step`` -> ``ValueError`` naming
+    ``step``.
+
+    Keys: ``batch_size``, ``sample_count`` required (ints >= 1, no default); ``accum_steps`` int >= 1
+    (default 1); ``step``, ``epoch`` ints >= 0 (default 0). A missing required key or a bad value ->
+    ``ValueError`` naming that key first.
+
+    Worked examples (epoch, update_step_in_epoch, sample_position, dropped_microsteps, global_batch_size):
+
+    * ``{batch_size 2, accum_steps 4, sample_count 40, epoch 1, step 7}`` -> (1, 1, 8, 3, 8);
+      with ``step 8`` -> (1, 2, 16, 0, 8).
+    * ``{batch_size 6, accum_steps 4, sample_count 160, epoch 0, step 27}`` (27 micro-batches: the end)
+      -> (1, 0, 0, 0, 24); with ``step 26`` -> (0, 6, 144, 2, 24); ``step 28`` -> ``ValueError`` (``step``).
+    * ``{batch_size 4, sample_count 40}`` -> (0, 0, 0, 0, 4), ``accum_steps`` 1 filled in.
     """
     raise NotImplementedError("migrate_train_state: TODO - see lesson 16 §5.4")
 
@@ -147,23 +202,22 @@ def migrate_train_state(state: dict) -> dict:
 def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
     """TODO (lesson 16 §4.4): write a test that token-weighted accumulation gives the global batch's gradient.
 
-    The argument is the implementation under test, called as ``accumulate_token_weighted(model, batches)``:
-    for the ``(input_ids, labels)`` pairs of ``batches`` (labels -100 where a target does not count) it
-    counts N, the valid shifted targets (``labels[..., 1:] != -100``) of ALL of them, then backpropagates
-    ``token_nll_sum(model(input_ids).logits, labels) / N`` for each and leaves the summed gradients in
-    ``.grad`` (no optimizer step). A correct version is ``course.runs.accumulate_token_weighted``: your
-    test must pass on it.
-    Your test: build micro-batches whose valid-target counts are UNEQUAL
-    (``masked_micro_batches(cuts)`` gives one ``TextBatch`` per pair of cuts, sample i keeping labels
-    ``[:cut_i]``, at most 16; use ``(b.input_ids, b.labels)``), compute the global batch's gradient with
-    ONE backward of ``token_nll_sum(logits, labels) / shifted_target_count(labels)`` on all of them
-    concatenated (``tiny_model(SESSION_SCENARIO)`` gives the same seeded model every call), call
-    ``accumulate_token_weighted`` on a second model, and assert every parameter's gradient is close
-    (``torch.testing.assert_close`` with a stated ``rtol`` / ``atol``). Return nothing; raise
-    ``AssertionError`` when the implementation is wrong. The grader runs it on wrong implementations
-    too (§4.4 lists them): each must make it fail. They include, one per large parameter tensor, a
-    gradient 1 % off in that tensor alone: compare every parameter, with a tolerance far below 1 % (the
-    norm weights' gradients have elements ~7e-4: ``assert_close``'s default ``atol=1e-5`` hides their 1 %
-    error), element-wise (wrong signs, places or parameters keep every norm, sum and absolute value).
+    The argument is the implementation under test, called as ``accumulate_token_weighted(model, batches)``
+    with ``(input_ids, labels)`` pairs (labels -100 where a target does not count): it must leave in
+    ``.grad`` the gradient of the token-mean NLL (NLL sum / valid shifted targets) of ALL the batches
+    together, built one micro-batch backward at a time, and make no optimizer step.
+    ``course.runs.accumulate_token_weighted`` is a correct one.
+
+    What your test must prove: on micro-batches built so that every wrong implementation of lesson 16 §4.4's
+    table gives a different gradient, the gradient the implementation leaves equals, for every parameter
+    and element-wise, ONE backward of the whole global batch's token-mean loss on the same (seeded) model,
+    within a tolerance you state. Return nothing; raise ``AssertionError`` when it does not hold.
+
+    How it is graded: it must pass the correct implementation, in float32 and in float64 (float rounding,
+    ~1e-8, is no bug), and raise ``AssertionError`` (a crash is no verdict) on each wrong one of §4.4:
+    the mean of micro-batch means, counts with masked or unshifted targets, each micro-batch by its own
+    count, a single large gradient tensor 1 % off (elements as small as ~7e-4), and wrong signs, swapped
+    parameters or shifted elements that keep every norm and sum. The tools are imported above
+    (``masked_micro_batches``, ``tiny_model(SESSION_SCENARIO)``, ``token_nll_sum``, ``shifted_target_count``).
     """
     raise NotImplementedError("test_token_weighted_matches_global_batch: TODO - see lesson 16 §4.4")

@@ -29,6 +29,6 @@ LESSON = Lesson(
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
     hints=hints.HINTS,
     labs=("lesson16_mean_of_means.py", "lesson16_token_weighted_accumulation.py", "lesson16_ddp_token_weighted.py",
-          "bench_lesson16_session.py"),
+          "bench_lesson16_session.py", "lesson16_predictions.py"),
     notebook_mistake="clip_before_unscale",
 )

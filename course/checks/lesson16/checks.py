@@ -8,11 +8,24 @@ The DDP check lives in pytest only (tests/test_lesson16_train_session.py), it sp
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
-from ..framework import check, expect_equal, expect_raises, fail
+from ..framework import CheckFailure, check, expect_equal, expect_raises, fail
 
 GRAD_ATOL, GRAD_RTOL = 1e-6, 1e-5
+
+
+@contextmanager
+def rule(text: str):
+    """A failure inside names the rule it broke (``hint: <text>``), unless it already carries a computed hint."""
+    try:
+        yield
+    except CheckFailure as exc:
+        if "hint:" in str(exc):
+            raise
+        raise CheckFailure(f"{exc}\n  hint: the rule: {text}") from None
 
 # --- count_loss_units ----------------------------------------------------------------------
 
@@ -52,8 +65,10 @@ def count_loss_units_rejects_bad_labels(impl):
     """A 0-dim tensor, float or bool labels raise ValueError naming labels."""
     for what, labels in (("tensor(3)", torch.tensor(3)), ("float labels", torch.ones(2, 4)),
                          ("bool labels", torch.ones(2, 4, dtype=torch.bool))):
-        expect_raises(f"count_loss_units({what})", lambda: impl.count_loss_units(labels), ValueError, "labels",
-                      arguments=("labels",))
+        with rule("labels hold integer token ids: a 0-dim tensor and a float, complex or bool dtype (a mask is "
+                  "not labels) are a ValueError naming labels"):
+            expect_raises(f"count_loss_units({what})", lambda: impl.count_loss_units(labels), ValueError, "labels",
+                          arguments=("labels",))
 
 
 # --- split_global_batch / steps_per_epoch --------------------------------------------------
@@ -78,10 +93,14 @@ def split_global_batch_micro_sizes(impl):
         try:
             got = impl.split_global_batch(samples, global_batch, accum)
         except ValueError as exc:   # the arguments are valid
-            fail(what, f"ValueError: {exc}", expected)
+            fail(what, f"ValueError: {exc}", expected, "hint: the rule: a short global batch, down to one sample, is "
+                 "split over what remains; only an empty or oversized samples list is refused")
         if not (isinstance(got, list) and all(isinstance(m, list) for m in got)):
             got = type(got).__name__ + " of " + ", ".join(sorted({type(m).__name__ for m in got}))
-        expect_equal(what, got, expected)
+        with rule("micro-batches of global_batch_size / accumulation_steps samples, in order; a short global batch "
+                  "is split over what remains (the last micro-batch may be smaller, one sample is a valid tail); "
+                  "always a list of lists, whatever sequence samples is"):
+            expect_equal(what, got, expected)
 
 
 @check("split_global_batch", hidden=True)
@@ -102,8 +121,13 @@ def steps_per_epoch_is_ceil(impl):
     """ceil(samples / global batch): a short tail is one more update."""
     for count, global_batch, expected in [(160, 8, 20), (161, 8, 21), (20, 8, 3), (7, 8, 1), (0, 8, 0), (8, 1, 8),
                                           (1, 1, 1), (9, 8, 2)]:
-        expect_equal(f"steps_per_epoch({count}, {global_batch})", impl.steps_per_epoch(count, global_batch), expected)
+        with rule("one update per global batch, and the short last global batch is an update too (round up)"):
+            expect_equal(f"steps_per_epoch({count}, {global_batch})", impl.steps_per_epoch(count, global_batch),
+                         expected)
     for (count, global_batch), bad in (((10, 0), "global_batch_size"), ((10, -8), "global_batch_size"),
                                        ((-1, 8), "sample_count")):
-        expect_raises(f"steps_per_epoch({count}, {global_batch})", lambda: impl.steps_per_epoch(count, global_batch),
-                      ValueError, bad, arguments=("sample_count", "global_batch_size"))
+        with rule("sample_count < 0 is a ValueError naming sample_count; global_batch_size < 1 (0 or negative) one "
+                  "naming global_batch_size"):
+            expect_raises(f"steps_per_epoch({count}, {global_batch})",
+                          lambda: impl.steps_per_epoch(count, global_batch), ValueError, bad,
+                          arguments=("sample_count", "global_batch_size"))

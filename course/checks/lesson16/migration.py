@@ -4,6 +4,7 @@ from __future__ import annotations
 from course.protocol.types import GLOBAL_SEMANTICS
 
 from ..framework import check, expect_equal, expect_raises, fail
+from .checks import rule
 
 
 # --- migrate_train_state -------------------------------------------------------------------
@@ -25,7 +26,10 @@ def migrate_legacy_state_to_global_semantics(impl):
     expect_equal("the input state is not modified", original, LEGACY)
     expected = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 1,
                 "update_step_in_epoch": 1, "sample_position": 8, "dropped_microsteps": 3}
-    expect_equal("migrated fields", {k: migrated.get(k) for k in expected}, expected)
+    with rule("a legacy batch_size was the MICRO-batch: the global batch is the samples of one "
+              "legacy update (micro-batch x accum_steps); a step inside the epoch resumes at its "
+              "last update boundary"):
+        expect_equal("migrated fields", {k: migrated.get(k) for k in expected}, expected)
     expect_equal("model / optimizer carried over", (migrated.get("model"), migrated.get("optimizer")),
                  (LEGACY["model"], LEGACY["optimizer"]))
     expect_equal("legacy keys batch_size / step removed", [k for k in ("batch_size", "step") if k in migrated], [])
@@ -46,10 +50,12 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
     expect_raises("batch_size_semantics='micro'",
                   lambda: impl.migrate_train_state(dict(new, batch_size_semantics="micro")), ValueError,
                   "batch_size_semantics", arguments=LEGACY_KEYS)
-    for key, bad in (("accum_steps", 0), ("batch_size", 0), ("sample_count", 0), ("step", -1), ("epoch", -1),
-                     ("batch_size", "2"), ("accum_steps", 2.0)):
-        expect_raises(f"legacy {key}={bad!r}", lambda: impl.migrate_train_state(dict(LEGACY, **{key: bad})),
-                      ValueError, key, arguments=LEGACY_KEYS)
+    with rule("legacy values must be ints: batch_size, sample_count and accum_steps >= 1, step and "
+              "epoch >= 0; a bad one is a ValueError naming that key first"):
+        for key, bad in (("accum_steps", 0), ("batch_size", 0), ("sample_count", 0), ("step", -1), ("epoch", -1),
+                         ("batch_size", "2"), ("accum_steps", 2.0)):
+            expect_raises(f"legacy {key}={bad!r}", lambda: impl.migrate_train_state(dict(LEGACY, **{key: bad})),
+                          ValueError, key, arguments=LEGACY_KEYS)
     for key in ("batch_size", "sample_count"):
         expect_raises(f"legacy without {key} (it has no default)",
                       lambda: impl.migrate_train_state({k: v for k, v in LEGACY.items() if k != key}), ValueError, key,
@@ -69,7 +75,10 @@ def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
     """step == ceil(sample_count / batch_size) was saved after the epoch's tail flush: resume at update 0 of the
     next epoch with nothing dropped; one micro-step earlier is mid-epoch; past the end is a ValueError naming step."""
     fields = ("epoch", "update_step_in_epoch", "sample_position", "dropped_microsteps", "global_batch_size")
-    migrated = migrated_or_fail(impl, LEGACY_EPOCH_END, fields, (1, 0, 0, 0, 24))
+    with rule("the epoch has as many micro-steps as micro-batches (a partial last one counts): "
+              "ceil(sample_count / batch_size); step equal to it is the epoch's end, resumed at "
+              "update 0 of the next epoch"):
+        migrated = migrated_or_fail(impl, LEGACY_EPOCH_END, fields, (1, 0, 0, 0, 24))
     got = tuple(migrated.get(k) for k in fields)
     if got != (1, 0, 0, 0, 24):
         fail(f"legacy epoch 0, step 27, micro-batch 6 x accum 4, 160 samples: {fields}", got, (1, 0, 0, 0, 24),
@@ -87,9 +96,11 @@ def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
 def migrate_fills_documented_legacy_defaults(impl):
     """A legacy state without epoch, step or accum_steps takes epoch 0, step 0, accum_steps 1."""
     fields = ("epoch", "update_step_in_epoch", "accum_steps", "global_batch_size", "dropped_microsteps")
-    migrated = migrated_or_fail(impl, {"batch_size": 4, "sample_count": 40}, fields, (0, 0, 1, 4, 0))
-    expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
-                 tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
+    with rule("a legacy state may lack epoch, step and accum_steps: they default to 0, 0 and 1 "
+              "(only batch_size and sample_count are required)"):
+        migrated = migrated_or_fail(impl, {"batch_size": 4, "sample_count": 40}, fields, (0, 0, 1, 4, 0))
+        expect_equal(f"legacy {{batch_size: 4, sample_count: 40}} only: {fields}",
+                     tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
 
 
 @check("migrate_train_state", hidden=True)
@@ -106,5 +117,8 @@ def migrate_handles_legacy_boundaries(impl):
              ({"batch_size": 4, "sample_count": 10, "accum_steps": 8, "step": 3}, (1, 0, 0, 0, 32)),
              ({"batch_size": 5, "sample_count": 40, "accum_steps": 2, "step": 8, "epoch": 1}, (2, 0, 0, 0, 10))]
     for state, expected in cases:
-        migrated = migrated_or_fail(impl, state, fields, expected)
-        expect_equal(f"migrate_train_state({state}): {fields}", tuple(migrated.get(k) for k in fields), expected)
+        with rule("only step == the epoch's micro-step count (ceil(sample_count / batch_size)) is the "
+                  "epoch's end (next epoch, update 0); every smaller step resumes at its last update "
+                  "boundary, step // accum_steps, and drops step % accum_steps micro-steps"):
+            migrated = migrated_or_fail(impl, state, fields, expected)
+            expect_equal(f"migrate_train_state({state}): {fields}", tuple(migrated.get(k) for k in fields), expected)

@@ -11,7 +11,7 @@ from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients
 from course.runs.eager import eager
 
 from ..framework import check, expect_close, expect_equal, expect_raises, expect_tensors_close, fail
-from .checks import GRAD_ATOL, GRAD_RTOL
+from .checks import GRAD_ATOL, GRAD_RTOL, rule
 from .session_updates import expect_sgd_step, expect_update_gradient
 
 
@@ -39,8 +39,10 @@ def session_two_microsteps_one_optimizer_step(impl):
     expect_equal("session.optimizer_step after one update", session.optimizer_step, 1)
     if all(torch.equal(p, before[n]) for n, p in params_of(session.model).items()):
         fail("parameters after the update", "unchanged", "changed by the optimizer step")
-    expect_equal("parameters whose .grad is not None after the update (zero_grad(set_to_none=True))",
-                 [n for n, p in session.model.named_parameters() if p.grad is not None], [])
+    with rule("closing an update drops its gradients: every .grad is None after it "
+              "(zero_grad(set_to_none=True)), not a zero tensor"):
+        expect_equal("parameters whose .grad is not None after the update (zero_grad(set_to_none=True))",
+                     [n for n, p in session.model.named_parameters() if p.grad is not None], [])
 
 
 @check("TrainingSession")
@@ -48,8 +50,10 @@ def session_force_update_commits_a_tail(impl):
     """K=4 but only 2 micro-batches left: force_update on the second commits them as one update."""
     session = new_session(impl, 4)
     reports = run_update(session, masked_micro_batches()[:2])
-    expect_equal("parameters_updated per micro-step (K=4, force_update on the 2nd)",
-                 [r.parameters_updated for r in reports], [False, True])
+    with rule("an update closes at its K-th micro-step OR on options.force_update (the short tail "
+              "the driver marks), whichever comes first"):
+        expect_equal("parameters_updated per micro-step (K=4, force_update on the 2nd)",
+                     [r.parameters_updated for r in reports], [False, True])
     expect_equal("microsteps_accumulated of the tail update", reports[-1].microsteps_accumulated, 2)
     expect_equal("session.optimizer_step after the tail", session.optimizer_step, 1)
     expect_equal("session.microsteps_accumulated after the tail", session.microsteps_accumulated, 0)
@@ -101,9 +105,11 @@ def session_clips_the_update(impl):
         before = params_of(session.model)
         report = run_update(session, batches, clip=clip, lr=lr)[-1]
         expect_sgd_step(f"one update, ||g|| = {norm:.4g}", session.model, before, grads, lr, clip)
-        expect_close(f"grad_norm reported with clip_grad_norm={clip:.4g}",
-                     report.grad_norm if report.grad_norm is None else float(report.grad_norm),
-                     norm if clip > 0 else None, rtol=1e-5)
+        with rule("grad_norm is the pre-clip norm of the unscaled gradient when clip_grad_norm > 0, and "
+                  "None when clipping is off (0)"):
+            expect_close(f"grad_norm reported with clip_grad_norm={clip:.4g}",
+                         report.grad_norm if report.grad_norm is None else float(report.grad_norm),
+                         norm if clip > 0 else None, rtol=1e-5)
 
 
 SESSION_ARGUMENTS = ("model", "optimizer", "accumulation_steps", "scaler", "autocast")
@@ -117,9 +123,11 @@ def session_rejects_zero_normalization_units(impl):
     batch = masked_micro_batches()[0]
     for units in (0, -1):
         options = TrainingStepOptions(normalization_units=units, force_update=True)
-        expect_raises(f"train_step(..., normalization_units={units})",
-                      lambda: session.train_step(batch, options, token_weighted_step), ValueError,
-                      "normalization_units")
+        with rule("normalization_units (the update's valid targets) must be >= 1: 0 or a negative value "
+                  "is a ValueError naming normalization_units, raised before anything is computed"):
+            expect_raises(f"train_step(..., normalization_units={units})",
+                          lambda: session.train_step(batch, options, token_weighted_step), ValueError,
+                          "normalization_units")
         session.reset_accumulation()
     expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
                          rtol=0.0, atol=0.0)
@@ -139,9 +147,12 @@ def session_rejects_a_bad_step_output(impl):
                     ValueError, "gradient_units"))
     for what, edit, error, name in bad_outputs:
         session = new_session(impl, 1)
-        expect_raises(f"train_step with a step_fn returning {what}",
-                      lambda: session.train_step(batch, TrainingStepOptions(normalization_units=29),
-                                                 lambda model, b: edit(token_weighted_step(model, b))), error, name)
+        with rule("step_fn must return a TrainingStepOutput (else a TypeError naming "
+                  "TrainingStepOutput) whose gradient_units is >= 0 (else a ValueError naming "
+                  "gradient_units): check the output before using it"):
+            expect_raises(f"train_step with a step_fn returning {what}",
+                          lambda: session.train_step(batch, TrainingStepOptions(normalization_units=29),
+                                                     lambda model, b: edit(token_weighted_step(model, b))), error, name)
         expect_equal(f"optimizer_step after a step_fn returned {what}", session.optimizer_step, 0)
 
 
@@ -170,8 +181,10 @@ def session_abort_discards_the_update(impl):
     captured: dict = {}
     run_update(session, batches[2:], before_update=capture_grads(session, captured))
     expected, _, _ = global_batch_gradients(batches[2:])
-    expect_tensors_close("gradient of the update after an abort (must not contain the aborted one)", captured,
-                         expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    with rule("a before_update abort drops the aborted update's gradients (and counters): the next "
+              "update starts clean"):
+        expect_tensors_close("gradient of the update after an abort (must not contain the aborted one)", captured,
+                             expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 @check("TrainingSession", hidden=True)
@@ -190,13 +203,17 @@ def session_error_invalidates_the_accumulation(impl):
         pass
     else:
         fail("train_step with a step_fn that raises", "returned", "the step_fn's RuntimeError propagates")
-    expect_raises("train_step after a failed micro-step (before reset_accumulation)",
-                  lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=units),
-                                             token_weighted_step), RuntimeError, "reset_accumulation")
+    with rule("any exception inside train_step makes every later train_step raise "
+              "AccumulationInvalidError (naming reset_accumulation()) until reset_accumulation()"):
+        expect_raises("train_step after a failed micro-step (before reset_accumulation)",
+                      lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=units),
+                                                 token_weighted_step), RuntimeError, "reset_accumulation")
     expect_equal("optimizer_step after the failure", session.optimizer_step, 0)
     session.reset_accumulation()
-    expect_equal("parameters whose .grad is not None after reset_accumulation() (zero_grad(set_to_none=True))",
-                 [n for n, p in session.model.named_parameters() if p.grad is not None], [])
+    with rule("reset_accumulation() drops the half-built gradients: every .grad is None "
+              "(zero_grad(set_to_none=True)), not a zero tensor"):
+        expect_equal("parameters whose .grad is not None after reset_accumulation() (zero_grad(set_to_none=True))",
+                     [n for n, p in session.model.named_parameters() if p.grad is not None], [])
     captured: dict = {}
     run_update(session, batches[2:], before_update=capture_grads(session, captured))
     expected, _, _ = global_batch_gradients(batches[2:])
@@ -226,8 +243,10 @@ def session_error_anywhere_invalidates_the_accumulation(impl):
             fail(f"an update whose {where} raises", "returned", "the RuntimeError propagates")
         if handle is not None:
             handle.remove()
-        expect_raises(f"train_step after an error in {where} (before reset_accumulation)",
-                      lambda: run_update(session, batches), AccumulationInvalidError, "reset_accumulation")
+        with rule("ANY exception inside train_step (step_fn, backward, before_update, after_update) "
+                  "invalidates the accumulation, not only one from step_fn"):
+            expect_raises(f"train_step after an error in {where} (before reset_accumulation)",
+                          lambda: run_update(session, batches), AccumulationInvalidError, "reset_accumulation")
         session.reset_accumulation()
         reports = run_update(session, batches)
         expect_equal(f"the update after reset_accumulation() (error was in {where}): parameters_updated",
@@ -255,11 +274,14 @@ def session_sets_lr_and_normalization_is_fixed_per_update(impl):
     session = new_session(impl, 2, two_param_groups=True)
     batches = masked_micro_batches()
     session.train_step(batches[0], TrainingStepOptions(lr=0.025, normalization_units=39), token_weighted_step)
-    expect_equal("lrs of the 2 param groups (0.1 and 0.05 before) after options.lr=0.025",
-                 [g["lr"] for g in session.optimizer.param_groups], [0.025, 0.025])
-    expect_raises("normalization_units 39 -> 40 inside one update",
-                  lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=40),
-                                             token_weighted_step), ValueError, "normalization_units")
+    with rule("options.lr goes into EVERY param group (AdamW setups often have two)"):
+        expect_equal("lrs of the 2 param groups (0.1 and 0.05 before) after options.lr=0.025",
+                     [g["lr"] for g in session.optimizer.param_groups], [0.025, 0.025])
+    with rule("normalization_units is fixed for the whole update: a different value inside it is a "
+              "ValueError naming normalization_units"):
+        expect_raises("normalization_units 39 -> 40 inside one update",
+                      lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=40),
+                                                 token_weighted_step), ValueError, "normalization_units")
 
 
 @check("TrainingSession", hidden=True)
@@ -273,22 +295,30 @@ def session_state_and_load_state_round_trip(impl):
     saved_from = new_session(impl, 2, two_param_groups=True)
     run_update(saved_from, batches, lr=0.025)
     boundary = saved_from.state()
-    expect_equal("state() after one update at lr 0.025: (lr, optimizer_step, microsteps_accumulated, "
-                 "accumulation_valid)", (boundary.lr, boundary.optimizer_step, boundary.microsteps_accumulated,
-                                         boundary.accumulation_valid), (0.025, 1, 0, True))
+    with rule("state().lr is the lr param group 0 holds NOW (the last options.lr), not the "
+              "optimizer's construction lr"):
+        expect_equal("state() after one update at lr 0.025: (lr, optimizer_step, microsteps_accumulated, "
+                     "accumulation_valid)", (boundary.lr, boundary.optimizer_step, boundary.microsteps_accumulated,
+                                             boundary.accumulation_valid), (0.025, 1, 0, True))
     restored = new_session(impl, 2, two_param_groups=True)
     restored.load_state(boundary)
-    expect_equal("after load_state(state at update 1, lr 0.025): (optimizer_step, lrs of both groups)",
-                 (restored.optimizer_step, lrs(restored)), (1, [0.025, 0.025]))
+    with rule("load_state restores optimizer_step and writes state.lr into every param group"):
+        expect_equal("after load_state(state at update 1, lr 0.025): (optimizer_step, lrs of both groups)",
+                     (restored.optimizer_step, lrs(restored)), (1, [0.025, 0.025]))
     saved_from.train_step(batches[0], TrainingStepOptions(lr=0.0125, normalization_units=39), token_weighted_step)
     inside = saved_from.state()
     expect_equal("state().microsteps_accumulated after 1 micro-step of 2", inside.microsteps_accumulated, 1)
     fresh = new_session(impl, 2, two_param_groups=True)
-    expect_raises("load_state(a state saved inside an update)", lambda: fresh.load_state(inside), ValueError,
-                  "microsteps_accumulated")
-    expect_equal("(optimizer_step, lrs, state().lr) after a refused load_state",
-                 (fresh.optimizer_step, lrs(fresh), fresh.state().lr), (0, [0.1, 0.05], 0.1))
-    expect_raises("load_state(boundary state) on a session inside an update",
-                  lambda: saved_from.load_state(boundary), ValueError, "microsteps_accumulated")
+    with rule("load_state only at an update boundary: a saved state with microsteps_accumulated != "
+              "0 is a ValueError naming microsteps_accumulated, nothing changed"):
+        expect_raises("load_state(a state saved inside an update)", lambda: fresh.load_state(inside), ValueError,
+                      "microsteps_accumulated")
+    with rule("a refused load_state changes nothing, and state().lr reports param group 0's lr"):
+        expect_equal("(optimizer_step, lrs, state().lr) after a refused load_state",
+                     (fresh.optimizer_step, lrs(fresh), fresh.state().lr), (0, [0.1, 0.05], 0.1))
+    with rule("load_state only at an update boundary: a session with microsteps_accumulated != 0 "
+              "refuses it with a ValueError naming microsteps_accumulated, nothing changed"):
+        expect_raises("load_state(boundary state) on a session inside an update",
+                      lambda: saved_from.load_state(boundary), ValueError, "microsteps_accumulated")
     expect_equal("(optimizer_step, lrs) of the session inside an update after a refused load_state",
                  (saved_from.optimizer_step, lrs(saved_from)), (1, [0.0125, 0.0125]))

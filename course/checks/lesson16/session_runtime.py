@@ -15,7 +15,7 @@ from course.runs.eager import eager
 
 from ..framework import check, expect_close, expect_equal, expect_tensors_close, fail
 from ..host_syncs import count_host_syncs
-from .checks import count_hint
+from .checks import count_hint, rule
 from .session import gradient_norm
 
 
@@ -29,7 +29,10 @@ def session_keeps_loss_sums_on_device(impl):
     with count_host_syncs(calls):
         for batch in batches[:3]:
             session.train_step(batch, TrainingStepOptions(normalization_units=units), token_weighted_step)
-    expect_equal("host syncs during 3 non-final micro-steps", calls, [])
+    with rule("no tensor -> host conversion (.item(), float(t), int(t), bool(t) / an if on a "
+              "tensor, .tolist()) on a micro-step that does not close the update: loss totals stay "
+              "device tensors"):
+        expect_equal("host syncs during 3 non-final micro-steps", calls, [])
 
 
 @check("TrainingSession", hidden=True)
@@ -54,8 +57,11 @@ def session_uses_no_sync_before_the_last_microstep(impl):
     model = SyncRecorder(tiny_model(SESSION_SCENARIO))
     session = impl.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1), accumulation_steps=4)
     run_update(session, masked_micro_batches()[:3])
-    expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
-                 model.forward_log, [True, True, False])
+    with rule("when the model has no_sync (DDP), the forward and backward of every micro-step that "
+              "does not close the update run inside model.no_sync(), the closing one outside: know "
+              "whether a micro-step closes before its forward"):
+        expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
+                     model.forward_log, [True, True, False])
 
 
 @check("TrainingSession", hidden=True)
@@ -67,15 +73,20 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
     session = new_session(impl, 4, scaler=scaler)
     report = run_update(session, batches, clip=0.01)[-1]
-    expect_close("grad_norm with an enabled GradScaler (unscale before clip)",
-                 report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
+    with rule("unscale the gradients before clipping: grad_norm and clip_grad_norm are about the "
+              "UNSCALED gradient (a scaled one is scale x too large)"):
+        expect_close("grad_norm with an enabled GradScaler (unscale before clip)",
+                     report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
     before = params_of(session.model)
     hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
     report = run_update(session, batches, clip=0.01)[-1]
     hook.remove()
-    expect_equal("update with an inf gradient: (parameters_updated, overflow_skipped, optimizer_step)",
-                 (report.parameters_updated, report.overflow_skipped, session.optimizer_step), (False, True, 1))
-    expect_equal("GradScaler scale after the overflow", scaler.get_scale(), 2.0 ** 9)
+    with rule("an update the GradScaler skips (inf/NaN) reports overflow_skipped=True, "
+              "parameters_updated=False, and optimizer_step does not advance; the scaler is updated "
+              "once per update (its scale backs off)"):
+        expect_equal("update with an inf gradient: (parameters_updated, overflow_skipped, optimizer_step)",
+                     (report.parameters_updated, report.overflow_skipped, session.optimizer_step), (False, True, 1))
+        expect_equal("GradScaler scale after the overflow", scaler.get_scale(), 2.0 ** 9)
     expect_tensors_close("parameters after a skipped step", params_of(session.model), before,
                          rtol=0.0, atol=0.0)
     report = run_update(session, batches, clip=0.01)[-1]
@@ -111,10 +122,12 @@ def session_scaler_growth_is_no_skip(impl):
     expect_close("grad_norm with a growing GradScaler (unscaled)", report.grad_norm and float(report.grad_norm),
                  want, rtol=1e-5)
     run_update(session, batches[:2], after_update=lambda: calls.append(2))
-    expect_equal("2 clean updates with growth_interval=1: (parameters_updated, overflow_skipped, optimizer_step, "
-                 "after_update calls, scale)", (report.parameters_updated, report.overflow_skipped,
-                                                session.optimizer_step, calls, scaler.get_scale()),
-                 (True, False, 2, [1, 2], 2.0 ** 10))
+    with rule("only a scale the GradScaler LOWERED means a skipped step; a scale that grew (after "
+              "growth_interval clean steps) belongs to a step that happened"):
+        expect_equal("2 clean updates with growth_interval=1: (parameters_updated, overflow_skipped, optimizer_step, "
+                     "after_update calls, scale)", (report.parameters_updated, report.overflow_skipped,
+                                                    session.optimizer_step, calls, scaler.get_scale()),
+                     (True, False, 2, [1, 2], 2.0 ** 10))
 
 
 @check("TrainingSession", hidden=True)

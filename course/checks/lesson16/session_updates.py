@@ -12,7 +12,7 @@ from course.runs import (capture_grads, global_batch_gradients, grads_of, masked
                          params_of, session_model)
 
 from ..framework import CheckFailure, check, expect_close, expect_equal, expect_tensors_close, fail
-from .checks import GRAD_ATOL, GRAD_RTOL
+from .checks import GRAD_ATOL, GRAD_RTOL, rule
 
 # 11 micro-batches of 2 samples (labels[i, cut:] = -100); valid shifted targets per micro-batch:
 # 29, 10, 1 | 0, 16 | 8, 30, 3 | 12, 4, 30
@@ -110,7 +110,9 @@ def _update(session, batches, *, units=None, lr=None, clip=0.0, force_last=True,
             reports.append(session.train_step(batch, options, token_weighted_step))
         except ValueError as exc:   # every input is valid, a micro-batch without valid targets too
             fail(f"train_step on a micro-batch with {batch.loss_units} valid targets (normalization_units {units})",
-                 f"ValueError: {exc}", "a report (gradient_units 0 is allowed: that micro-batch adds nothing)")
+                 f"ValueError: {exc}", "a report (gradient_units 0 is allowed: that micro-batch adds nothing)",
+                 "hint: the rule: gradient_units 0 (a micro-batch without a valid target, all padding) is allowed and "
+                 "adds nothing to the update; only gradient_units < 0 and normalization_units < 1 are refused")
     return reports, [(r.parameters_updated, r.optimizer_step, r.microsteps_accumulated, r.aborted) for r in reports]
 
 
@@ -123,8 +125,10 @@ def session_k1_every_microstep_is_an_update(impl):
     for i, batch in enumerate(batches):     # 29 and 1 valid targets
         before, captured = params_of(session.model), {}
         reports, summary = _update(session, [batch], force_last=False, before_update=capture_grads(session, captured))
-        expect_equal(f"K=1, micro-step {i + 1}: (parameters_updated, optimizer_step, microsteps_accumulated, "
-                     "aborted)", summary, [(True, i + 1, 1, False)])
+        with rule("an update closes at the K-th micro-step, K = the accumulation_steps the session was "
+                  "built with; K = 1: every micro-step is an update of its own"):
+            expect_equal(f"K=1, micro-step {i + 1}: (parameters_updated, optimizer_step, microsteps_accumulated, "
+                         "aborted)", summary, [(True, i + 1, 1, False)])
         grads = expect_update_gradient(f"K=1, update {i + 1} ({batch.loss_units} valid targets): gradient",
                                        captured, [batch], before)
         expect_sgd_step(f"K=1, update {i + 1}", session.model, before, grads, 0.1, 0.0)
@@ -154,12 +158,17 @@ def session_consecutive_updates_start_clean(impl):
                                  rtol=0.0, atol=0.0)
         before, captured = params_of(session.model), {}
         reports, summary = _update(session, members, lr=lr, clip=clip, before_update=capture_grads(session, captured))
-        expect_equal(f"{what}: (parameters_updated, optimizer_step, microsteps_accumulated, aborted) per micro-step",
-                     summary, expected_reports)
+        with rule("one optimizer step per update that is not aborted; an update closes at its K-th "
+                  "micro-step or on force_update; an abort reports aborted=True and does not advance "
+                  "optimizer_step"):
+            expect_equal(f"{what}: (parameters_updated, optimizer_step, microsteps_accumulated, aborted) per micro-step",
+                         summary, expected_reports)
         grads = expect_update_gradient(f"{what}: accumulated gradient vs one global-batch backward", captured,
                                        members, before)
         expect_sgd_step(what, session.model, before, grads, 0.1 if lr is None else lr, clip)
         _, nll_sum, units = global_batch_gradients(members, before)
-        expect_equal(f"{what}: loss_units", reports[-1].loss_units, units)
-        expect_close(f"{what}: loss_sum", float(reports[-1].loss_sum), float(nll_sum), rtol=1e-6)
-        expect_equal(f"{what}: session.microsteps_accumulated after it", session.microsteps_accumulated, 0)
+        with rule("each update starts clean: when an update closes (stepped, skipped or aborted) its "
+                  "micro-step count AND its loss totals go back to 0"):
+            expect_equal(f"{what}: loss_units", reports[-1].loss_units, units)
+            expect_close(f"{what}: loss_sum", float(reports[-1].loss_sum), float(nll_sum), rtol=1e-6)
+            expect_equal(f"{what}: session.microsteps_accumulated after it", session.microsteps_accumulated, 0)

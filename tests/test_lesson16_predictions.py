@@ -1,0 +1,89 @@
+"""Lesson 16 §6.1 answers §4.0's predictions with labs/lesson16_predictions.py: the output printed in both
+lesson texts must be what the lab prints now, and its numbers must follow from the rules the lesson states
+(weights 1 / (K n_k) and 1 / N, ceil(samples / global) updates normalised by their own targets, resume at the
+last update boundary or at the next epoch, a skipped update advances nothing), computed here independently."""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import pytest
+
+from course.implementations import REPO_ROOT, load_module
+from course.runs import masked_micro_batches
+
+LAB = load_module(REPO_ROOT / "labs" / "lesson16_predictions.py", "lesson16_predictions_lab")
+COMMAND = "python labs/lesson16_predictions.py"
+LESSONS = [REPO_ROOT / "course" / "lessons" / "16_token_weighted_training_session.md",
+           REPO_ROOT / "course" / "lessons" / "zh" / "16_token_weighted_training_session.md"]
+
+
+@pytest.fixture(scope="module")
+def lab_output() -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        LAB.main()
+    return out.getvalue()
+
+
+def printed_output(lesson) -> str:
+    """The ```text block that follows the lab's ```bash command in ``lesson``."""
+    text = lesson.read_text(encoding="utf-8")
+    after = text[text.index(f"```bash\n{COMMAND}\n```"):]
+    start = after.index("```text\n") + len("```text\n")
+    return after[start:after.index("```", start)]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
+def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
+    assert printed_output(lesson) == lab_output, (
+        f"{lesson.relative_to(REPO_ROOT)} §6.1 is stale\n  ACTUAL (lab):\n{lab_output}\n  EXPECTED (lesson):\n"
+        f"{printed_output(lesson)}")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
+def test_predictions_are_asked_before_they_are_answered(lesson):
+    text = lesson.read_text(encoding="utf-8")
+    asked, answered = text.index('<a id="l16-predictions"></a>'), text.index('<a id="l16-check-predictions"></a>')
+    assert asked < text.index("### 4.1 ") < answered, "§4.0 asks before the exercises, §6.1 answers after them"
+    for answer in ("1/60", "normalization_units [120, 120, 60]", "dropped_microsteps 2", "scale=512.0"):
+        assert answer not in text[:asked], f"{lesson.name} gives away {answer!r} before §4.0 asks"
+
+
+def legacy_resume(step: int, batch_size: int = 6, accum: int = 4, samples: int = 100, epoch: int = 0) -> str:
+    """Lesson 16 §5.4's rule: the epoch's end resumes at the next epoch, any other step at its last boundary."""
+    global_batch = batch_size * accum
+    if step == math.ceil(samples / batch_size):
+        epoch, update, dropped = epoch + 1, 0, 0
+    else:
+        update, dropped = step // accum, step % accum
+    return (f"step {step}: global_batch_size {global_batch}, epoch {epoch}, update_step_in_epoch {update}, "
+            f"sample_position {update * global_batch}, dropped_microsteps {dropped}")
+
+
+def test_answers_follow_the_rules_of_the_lesson(lab_output):
+    counts = [int((b.labels[..., 1:] != -100).sum()) for b in masked_micro_batches(LAB.PREDICTION_CUTS)]
+    k, n = len(counts), sum(counts)
+    updates = math.ceil(20 / 8)
+    samples = [min(8, 20 - 8 * u) for u in range(updates)]
+    expected_lines = [
+        f"K = {k} micro-batches holding {counts[0]} and {counts[1]} valid targets:",
+        f"N = {n}",
+        f"loss / K: weight of one target = 1/{k * counts[0]} (micro-batch 1), 1/{k * counts[1]} (micro-batch 2); "
+        f"ratio {counts[0] // counts[1]}",
+        f"token-weighted: weight of one target = 1/{n} (micro-batch 1), 1/{n} (micro-batch 2); ratio 1",
+        "loss / K: equals one global-batch backward (atol 1e-6) False",
+        "token-weighted: equals one global-batch backward (atol 1e-6) True, cosine 1.0000",
+        f"updates {updates}: samples {samples}, micro-steps {[math.ceil(s / 2) for s in samples]}, "
+        f"normalization_units {[15 * s for s in samples]}",
+        f"optimizer_step after the epoch {updates}",
+        *(legacy_resume(step) for step in (10, 16, 17)),
+        "update 1: parameters_updated=True overflow_skipped=False optimizer_step=1 scale=1024.0 weights unchanged False",
+        "update 2: parameters_updated=False overflow_skipped=True optimizer_step=1 scale=512.0 weights unchanged True",
+        "update 3: parameters_updated=True overflow_skipped=False optimizer_step=2 scale=512.0 weights unchanged False",
+        "after_update ran after updates [1, 3]",
+    ]
+    assert (k, counts) == (2, [30, 2]), counts
+    missing = [line for line in expected_lines if line not in lab_output]
+    assert not missing, f"lab output lacks\n  EXPECTED: {missing}\n  ACTUAL:\n{lab_output}"
