@@ -97,7 +97,7 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
       shape or dtype (fp16 weights are an export, not a resume checkpoint): name the parameter;
     - (``optimizer`` given) the entry is no optimizer state_dict, or fits another optimizer: another number of
       param groups or of parameters, other hyper-parameter keys (another type), a per-parameter state
-      tensor shaped unlike its parameter: name ``optimizer``;
+      tensor of dim > 0 shaped unlike its parameter: name ``optimizer``;
     - (``scaler`` given and enabled) the saved scaler state is empty or None (a run without a GradScaler):
       name ``scaler``. An empty state into a disabled or absent scaler restores nothing and is fine.
     ``world_size``: None means the current process group's size (1 without one); otherwise an int >= 1, else
