@@ -17,20 +17,23 @@ from torch.utils.data import Sampler
 
 
 class SkipBatchSampler(Sampler):
-    """TODO (lesson 15 §5.1): a batch sampler that skips the batches a resumed epoch already trained.
+    """TODO (lesson 15 §5.1): a batch sampler for a resumed epoch: the epoch's batches without those already trained.
 
-    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler`` (upstream ``trainer_utils.py``):
-    iterate ``indices`` in order, group them into lists of ``batch_size``, drop the first
-    ``skip_batches`` full batches, keep the final partial batch; ``len = ceil(N / batch_size) - skip_batches``.
-    Example: ``SkipBatchSampler(range(10), 3, 2)`` yields ``[6, 7, 8]`` then ``[9]``.
-    It is passed to ``DataLoader(dataset, batch_sampler=...)``: implement ``__iter__`` (yield each batch
-    as a new list of indices, in the order of ``indices``) and ``__len__``. ``indices`` is any sized iterable
-    (a range, a list, a ``DistributedSampler``): read it afresh on every pass, so a sampler reshuffled by
-    ``set_epoch`` yields its new order, and an unchanged one the same batches again.
-    Raise ``TypeError`` naming ``indices`` when it has no ``len()`` (a generator or iterator: neither the
-    number of batches nor a second pass exists). Raise ``ValueError`` naming the argument when
-    ``batch_size`` is not an int >= 1 or ``skip_batches`` not an int in ``[0, ceil(N / batch_size)]``
-    (upstream silently yields nothing).
+    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler`` (same batches, same ``len``).
+    Contract, for ``DataLoader(dataset, batch_sampler=SkipBatchSampler(indices, batch_size, skip_batches))``:
+    - the epoch is ``indices`` cut, in order, into batches of ``batch_size`` (the last one may be shorter and
+      is part of the epoch); the sampler yields that epoch's batches minus its first ``skip_batches``, and
+      ``len(sampler)`` is how many it yields;
+    - every pass reads ``indices`` anew (a ``DistributedSampler`` reshuffled by ``set_epoch`` gives its new
+      order, an unchanged one the same batches), and each batch is a list of its own (``list(sampler)`` keeps
+      them all intact).
+    Arguments, checked in the order ``indices``, ``batch_size``, ``skip_batches``:
+    ``indices`` any sized iterable (range, list, Sampler), else ``TypeError`` naming ``indices``;
+    ``batch_size`` an int >= 1 and ``skip_batches`` (default 0) an int from 0 to the epoch's number of
+    batches, else ``ValueError`` naming the argument (upstream silently yields nothing).
+    Examples: ``SkipBatchSampler(range(5), 2)`` -> ``[0, 1], [2, 3], [4]``, len 3;
+    ``SkipBatchSampler(range(7), 3, 1)`` -> ``[3, 4, 5], [6]``, len 2.
+    Graded against upstream's sampler for every allowed skip, on two passes.
     """
 
     def __init__(self, indices, batch_size: int, skip_batches: int = 0):
@@ -38,78 +41,86 @@ class SkipBatchSampler(Sampler):
 
 
 def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> None:
-    """TODO (lesson 15 §5.2): write a resume checkpoint to ``path`` (a str or a Path), atomically and in full
-    precision.
+    """TODO (lesson 15 §5.2): write to ``path`` (a str or a Path) everything an exact resume needs.
 
-    Aligns with the save half of ``course/minimind/trainer_utils.py::lm_checkpoint``, without its fp16
-    quirk. Store a dict with ``model`` (the fp32 ``state_dict``), ``optimizer``, ``scaler``
-    (``scaler.state_dict()``, or None when ``scaler`` is None), ``epoch``, ``step`` (micro-steps done in
-    ``epoch``), ``world_size`` (``dist.get_world_size()`` when ``dist.is_initialized()``, else 1),
-    ``model_config`` (``dataclasses.asdict(model.config)``) and every ``extra`` keyword (by
-    ``state_dict()`` when it has one).
-    Save the model itself, not its wrappers: unwrap ``model.module`` while ``model`` is a
-    ``torch.nn.parallel.DistributedDataParallel`` and ``model._orig_mod`` while it has one (torch.compile),
-    in any order, so no key starts with ``module.`` or ``_orig_mod.`` and ``model.config`` is found.
-    Under torch.distributed (``dist.is_initialized()``) only rank 0 (``dist.get_rank() == 0``) writes;
-    other ranks validate the same way and return without writing.
-    Create the parent directory. Write to a temporary file in the SAME directory as ``path`` (``os.replace``
-    is an atomic rename only within one file system), flush and ``os.fsync`` it (so the bytes are on disk
-    before the name points at them), then ``os.replace`` it onto ``path`` (``os.fsync`` and ``os.replace``
-    from the ``os`` module; ``shutil.move`` may copy). On any error, ``KeyboardInterrupt`` included (e.g. an
-    ``extra`` value that cannot be pickled, a full disk, Ctrl-C), remove the temporary file and re-raise,
-    leaving an existing ``path`` untouched. After a save the directory holds ``path`` and no temporary file.
-    Saved tensors keep their dtype and values exactly (fp32 stays fp32; ``detach().cpu()`` is fine).
-    Before writing anything (on every rank), raise ``ValueError`` naming ``epoch``/``step`` when it is not
-    an int >= 0, naming the key when an ``extra`` keyword reuses one of the keys above, and naming
-    ``accumulation`` when any parameter of the model still holds a non-zero gradient (a save in
-    the middle of an accumulation window; a ``grad`` of None, or one that is all zeros, e.g. after
-    ``zero_grad(set_to_none=False)``, is not pending).
+    Aligns with the save half of ``course/minimind/trainer_utils.py::lm_checkpoint``, without its shortcuts
+    (lesson 15 §8). The file is a dict that ``torch.load(path, weights_only=True)`` reads back, with keys
+    ``model``     the state of the model itself: no wrapper (DistributedDataParallel, torch.compile, in any
+                  combination) shows in its keys; every tensor keeps its dtype and value exactly (fp32 stays fp32)
+    ``optimizer`` and ``scaler``   their ``state_dict()`` (``scaler`` None -> None)
+    ``epoch``, ``step``            as given (``step``: micro-steps done in ``epoch``)
+    ``world_size``                 the size of the current process group (1 without one)
+    ``model_config``               ``dataclasses.asdict`` of the (unwrapped) model's ``config``
+    and one entry per ``extra`` keyword (an object with a ``state_dict()`` is stored as that dict).
+    Guarantees:
+    - atomic: whatever goes wrong during a save, even a Ctrl-C (``KeyboardInterrupt``), the error propagates,
+      ``path`` still holds the previous checkpoint byte for byte (or nothing, if there was none), and no
+      temporary file is left; after a save the directory holds ``path`` and no leftover;
+    - durable: the new file's bytes are on disk before the name ``path`` refers to them;
+    - the parent directory is created if missing;
+    - under torch.distributed only rank 0 writes; every rank validates, so a refusal happens on every rank.
+    Refusals (``ValueError``, before anything is written): ``epoch``/``step`` not an int >= 0 (naming it); an
+    ``extra`` keyword named like one of the keys above (naming it); a gradient still pending in the model,
+    i.e. a non-zero ``grad`` on any parameter (the message says ``accumulation``; a ``grad`` of None or of
+    zeros is not pending).
+    Example: after 4 micro-steps of epoch 0 with K = 2, ``save_checkpoint(p, model=m, optimizer=o,
+    scaler=None, epoch=0, step=4, run={"lr": 5e-4})`` writes keys epoch, model, model_config, optimizer, run,
+    scaler (None), step (4), world_size (1); the same call at step 3 (K = 2: micro-step 3's gradient is
+    pending) raises and writes nothing.
+    Graded: the file's entries against the trained objects (tensors bitwise); a save that fails halfway.
     """
     raise NotImplementedError("save_checkpoint: TODO - see lesson 15 §5.2 (aligns with lm_checkpoint)")
 
 
 def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None) -> dict:
-    """TODO (lesson 15 §5.3): restore a ``save_checkpoint`` file (``path``: a str or a Path) into ``model``, and
-    into ``optimizer`` and ``scaler`` when given, and return its dict.
+    """TODO (lesson 15 §5.3): restore a ``save_checkpoint`` file (``path``: a str or a Path) into ``model``,
+    and into ``optimizer`` and ``scaler`` when given; return its dict.
 
     Aligns with the load half of ``lm_checkpoint`` plus upstream's ``load_state_dict`` calls in
-    ``train_pretrain.py``. Read with ``torch.load(path, map_location="cpu", weights_only=True)``.
-    Validate everything BEFORE the first ``load_state_dict``, so a refused file leaves ``model``,
-    ``optimizer`` and ``scaler`` exactly as they were. Validating needs no loading: compare the dict
-    with ``model.state_dict()``, ``model.config``, ``optimizer.param_groups`` and ``scaler.is_enabled()``.
-    A missing file raises ``FileNotFoundError`` whose message contains ``str(path)``. Everything else raises
-    ``ValueError`` whose message contains ``str(path)`` and names the offending key:
-    - unreadable (truncated, not a ``torch.save`` file, or an object ``weights_only`` refuses), not a dict, or
-      its ``model`` entry not a dict;
-    - a missing key of ``model``, ``optimizer``, ``scaler``, ``epoch``, ``step``, ``world_size`` (name it);
-      ``epoch``/``step`` not ints >= 0, ``world_size`` not an int >= 1 (name the key);
-    - ``model_config`` differs from ``dataclasses.asdict(model.config)`` in any field, also one that no
-      shape shows (e.g. ``rope_theta``): name the field;
-    - ``model`` lacks a key of ``model.state_dict()``, has an extra one, or one tensor's shape or dtype
-      differs (fp16 weights are an export, not a resume checkpoint): name the parameter;
-    - (``optimizer`` given) an entry that is no optimizer ``state_dict`` (a dict with ``state`` and
-      ``param_groups``), a different number of param groups or of parameters, param groups with other
-      hyper-parameter keys (another optimizer type), or a state tensor (dim > 0) shaped unlike its
-      parameter: name ``optimizer``;
-    - (``scaler`` given and enabled) an empty or None saved scaler state (a disabled GradScaler saves ``{}``;
-      torch would raise only inside ``scaler.load_state_dict``, after the model changed): name ``scaler``.
-    Then load ``model``, ``optimizer`` (if given) and ``scaler`` (if given, and only when the saved scaler
-    state is non-empty: ``load_state_dict({})`` raises, and a run without fp16 saves ``{}``).
-    ``world_size`` (None: ``dist.get_world_size()`` when ``dist.is_initialized()``, else 1; otherwise an int
-    >= 1, or ``ValueError`` naming ``world_size``): when it differs from the saved one, return the int
-    ``step * saved_world_size // world_size`` (floor) as ``step`` (upstream's rescale; e.g. step 2 saved by
-    2 ranks loads as 4 on 1 rank, 1 on 3 ranks; step 3 saved by 2 loads as 1 on 4). Return the loaded dict
-    itself: every saved key, extras such as ``batch_size_semantics`` included, with ``step`` rescaled.
+    ``train_pretrain.py``, with validation upstream lacks.
+    Contract:
+    - all or nothing: either every given object holds the saved state bit for bit (the scaler all of its
+      state), or the call raises and ``model``, ``optimizer`` and ``scaler`` are exactly as before;
+    - safe and portable: the file is read without running code from it (only tensors, containers and plain
+      values are accepted), and a file written on any device (a GPU, an Apple mps) loads on a CPU-only machine;
+    - returns the loaded dict itself: every saved key, extras included, ``step`` as int rescaled when the
+      world size changed (below).
+    Refusals: a missing file -> ``FileNotFoundError`` whose message contains ``str(path)``; every other
+    refusal -> ``ValueError`` whose message contains ``str(path)`` and names the offending key:
+    - the file is unreadable, truncated, holds an object that is not plain data, is not a dict, or its
+      ``model`` entry is not a dict;
+    - a key of ``model``, ``optimizer``, ``scaler``, ``epoch``, ``step``, ``world_size`` is missing (a weights
+      file): name it; ``epoch``/``step`` not an int >= 0 or ``world_size`` not an int >= 1: name it;
+    - ``model_config`` differs from ``dataclasses.asdict(model.config)`` in any field, also one no tensor shape
+      shows (``rope_theta``): name the field;
+    - the ``model`` entry lacks a key of ``model.state_dict()``, has one more, or holds a tensor of another
+      shape or dtype (fp16 weights are an export, not a resume checkpoint): name the parameter;
+    - (``optimizer`` given) the entry is no optimizer state_dict, or fits another optimizer: another number of
+      param groups or of parameters, other hyper-parameter keys (another type), a per-parameter state
+      tensor of dim > 0 shaped unlike its parameter: name ``optimizer``;
+    - (``scaler`` given and enabled) the saved scaler state is empty or None (a run without a GradScaler):
+      name ``scaler``. An empty state into a disabled or absent scaler restores nothing and is fine.
+    ``world_size``: None means the current process group's size (1 without one); otherwise an int >= 1, else
+    ``ValueError`` naming ``world_size``. When it differs from the saved one, the returned ``step`` is
+    upstream's rescale floored to an int: the micro-steps of the new world size that cover at most the
+    samples the saved ranks trained (lesson 15 §1.6). Examples: step 2 saved by 2 ranks -> 4 on 1 rank,
+    1 on 3 ranks; step 5 saved by 1 rank -> 2 on 2 ranks; the same world size -> the saved step.
+    Graded: fresh objects against the saved ones (bitwise), and refused files leave them untouched.
     """
     raise NotImplementedError("load_checkpoint: TODO - see lesson 15 §5.3 (aligns with lm_checkpoint)")
 
 
 def resume_position(checkpoint, iters: int) -> tuple[int, int]:
-    """TODO (lesson 15 §5.4): ``(start_epoch, start_step)`` to continue from ``checkpoint``.
+    """TODO (lesson 15 §5.4): where the loop continues after loading ``checkpoint``: ``(start_epoch, start_step)``,
+    meaning ``start_step`` micro-batches of epoch ``start_epoch`` are already trained.
 
     Aligns with ``start_epoch = ckp['epoch']; start_step = ckp['step']`` in upstream's ``train_pretrain.py``,
-    except that a checkpoint written at the end of an epoch (``step == iters``) resumes at
-    ``(epoch + 1, 0)``. Raise ``ValueError`` naming ``iters`` when it is not an int >= 1 and naming ``step``
-    when the checkpoint's step is outside ``[0, iters]``.
+    except that a checkpoint written at the end of an epoch (all ``iters`` micro-batches trained) continues
+    at the start of the next epoch instead of running an empty one.
+    Arguments, checked in this order: ``iters`` (micro-batches per epoch) an int >= 1, else ``ValueError``
+    naming ``iters``; the checkpoint's ``step`` within ``[0, iters]``, else ``ValueError`` naming ``step``.
+    Examples with ``iters=6``: ``{'epoch': 1, 'step': 2}`` -> ``(1, 2)``; ``{'epoch': 0, 'step': 7}`` -> ValueError.
+    Graded, with your three other exercises, by resuming interrupted oracle runs: records, parameters,
+    AdamW state and GradScaler scale must equal the uninterrupted run bitwise.
     """
     raise NotImplementedError("resume_position: TODO - see lesson 15 §5.4")

@@ -24,6 +24,6 @@ LESSON = Lesson(
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,
     hints=hints.HINTS,
-    labs=("lesson15_resume.py", "lesson15_checkpoint_size.py"),
+    labs=("lesson15_resume.py", "lesson15_checkpoint_size.py", "lesson15_predictions.py"),
     notebook_mistake="non_atomic_write",
 )

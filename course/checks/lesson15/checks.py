@@ -9,6 +9,7 @@ oracle loop (``course.minimind.train_pretrain.train_epoch``), so lesson 15 does 
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 from pathlib import Path
 
@@ -21,7 +22,24 @@ from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchS
 from course.runs import RunResult, resume_and_finish, run_oracle, save_objects, train_until, training_objects
 from course.runs.scenarios import RESUME_BASE
 
-from ..framework import check, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close, fail
+from ..framework import (CheckFailure, check, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close,
+                         fail)
+
+
+def names_the_rule(rule: str):
+    """Decorator (under ``@check``): a failure of the check ends with ``hint: <rule>``, the rule it grades, unless
+    the failure already carries a more specific hint."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(impl):
+            try:
+                return fn(impl)
+            except CheckFailure as exc:
+                if "hint:" in str(exc):
+                    raise
+                raise CheckFailure(f"{exc}\n  hint: {rule}") from None
+        return run
+    return wrap
 
 
 class NotATensor:
@@ -151,6 +169,7 @@ def expect_sampler_batches(where: str, sampler, expected: list) -> None:
 
 
 @check("SkipBatchSampler")
+@names_the_rule('the epoch cut into batches in order, minus the first skip_batches (default 0); the last, short batch is kept; every batch is a new list')
 def skip_batch_sampler_matches_upstream(impl):
     """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)] (with and without a
     partial last batch), on every pass; the lesson's example."""
@@ -168,6 +187,7 @@ def skip_batch_sampler_matches_upstream(impl):
 
 
 @check("SkipBatchSampler", hidden=True)
+@names_the_rule('read indices afresh on every pass (keep the sampler itself, not list(indices)): set_epoch changes its order')
 def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
     """Over a DistributedSampler, each pass batches the order of the sampler's current epoch (set_epoch
     reshuffles it): the indices are read afresh on every pass, not copied once."""
@@ -181,6 +201,7 @@ def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
 
 
 @check("SkipBatchSampler", hidden=True)
+@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1), then skip_batches (an int in [0, ceil(N / batch_size)]), each error naming its argument')
 def skip_batch_sampler_rejects_bad_arguments(impl):
     """A batch_size that is not an int >= 1, a skip outside [0, ceil(N / bs)] raise ValueError naming the
     argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices'."""

@@ -18,7 +18,8 @@ from course.runs.eager import eager
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
 from ..framework import check, expect_equal, expect_raises, expect_tensors_close
-from .checks import CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint
+from .checks import (CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint,
+                     names_the_rule)
 from .saving import expect_optimizer_state_equal
 
 
@@ -26,6 +27,7 @@ from .saving import expect_optimizer_state_equal
 
 
 @check("load_checkpoint", uses=("save_checkpoint",))
+@names_the_rule('restore everything given, bit for bit; path may be a str; optimizer and scaler may be None: restore only what is given')
 def load_checkpoint_restores_everything(impl):
     """Fresh model, optimizer and scaler get the saved state bit for bit (path a str or a Path); the dict carries
     counters and extras; a load with the model alone restores the model."""
@@ -77,6 +79,7 @@ def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule('read with torch.load(..., weights_only=True); a missing file is a FileNotFoundError, an unreadable file, a non-dict or a model entry that is no dict a ValueError, each naming the path, before anything is loaded')
 def load_checkpoint_rejects_unreadable_files(impl):
     """Missing, truncated, arbitrary-object files and ones holding no checkpoint dict: a clear error naming the
     path, nothing loaded."""
@@ -98,6 +101,7 @@ def load_checkpoint_rejects_unreadable_files(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule("validate everything before the first load_state_dict: the six keys, model keys, shapes and dtypes (name the parameter), the optimizer's groups, parameters, hyper-parameter keys and state shapes (name optimizer); each ValueError names the path")
 def load_checkpoint_rejects_foreign_checkpoints(impl):
     """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError
     naming the path and the offending key (a missing key, the parameter, a config field, 'optimizer')."""
@@ -171,6 +175,7 @@ def foreign_optimizer_states(model, saved: dict):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule('compare the whole model_config with dataclasses.asdict(model.config), not only the shapes: name the field that differs')
 def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
     """A checkpoint whose model_config differs only where no shape shows it (rope_theta): ValueError naming
     the path and 'rope_theta', nothing loaded."""
@@ -183,6 +188,7 @@ def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule('an enabled scaler needs a non-empty saved scaler state: refuse an empty one (naming scaler) before loading anything')
 def load_checkpoint_rejects_a_disabled_scaler_state(impl):
     """A disabled GradScaler's (empty) state into an enabled scaler: ValueError naming the path and 'scaler'
     BEFORE the model or optimizer change (torch itself raises only inside scaler.load_state_dict)."""
@@ -193,6 +199,7 @@ def load_checkpoint_rejects_a_disabled_scaler_state(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule("when the world size changes, the returned step is the floor of step * saved_world_size / world_size, an int; world_size=None is the current process group's size (1 without one)")
 def load_checkpoint_rescales_step_for_world_size(impl):
     """Upstream's rule, floored to an int: step * saved_world_size // world_size when the world size changed
     (more ranks and fewer); world_size=None is the current process group's size (1 without one)."""
@@ -213,6 +220,7 @@ def load_checkpoint_rescales_step_for_world_size(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule('saved epoch and step are ints >= 0, world_size an int >= 1 (name the key, and the path); the world_size argument is None or an int >= 1')
 def load_checkpoint_rejects_bad_counters(impl):
     """A saved epoch/step that is not an int >= 0 or world_size not an int >= 1: ValueError naming the path
     and the key, nothing loaded; a world_size argument that is not an int >= 1: ValueError naming it."""

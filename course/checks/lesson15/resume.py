@@ -4,13 +4,14 @@ from __future__ import annotations
 from course.runs.scenarios import RESUME_FP32, RESUME_SCALER
 
 from ..framework import check, expect_equal, expect_raises
-from .checks import check_exact_resume
+from .checks import check_exact_resume, names_the_rule
 
 
 # --- resume_position ---------------------------------------------------------------------------
 
 
 @check("resume_position")
+@names_the_rule('start_step is the number of micro-batches of the epoch already trained; only step == iters continues at (epoch + 1, 0); check iters (an int >= 1) before step (within [0, iters])')
 def resume_position_cases(impl):
     """Mid-epoch (also one micro-batch before the end) resumes where it stopped; an epoch-end checkpoint resumes
     at the next epoch's start; a step outside [0, iters] or iters < 1 raises ValueError naming it."""
@@ -26,12 +27,14 @@ def resume_position_cases(impl):
 
 
 @check("resume_position", uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
+@names_the_rule("an exact resume restores the model and the whole AdamW state (moments and step count), skips exactly the trained micro-batches and continues at resume_position's (epoch, step)")
 def exact_resume_fp32(impl):
     """Stop at an update boundary, save, load into fresh objects, finish: bitwise the uninterrupted run."""
     check_exact_resume(impl, RESUME_FP32)
 
 
 @check("resume_position", hidden=True, uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
+@names_the_rule("restore the GradScaler's whole state, its scale AND its growth tracker, or the scale changes at other steps than in the uninterrupted run")
 def exact_resume_with_grad_scaler(impl):
     """Same with an enabled CPU GradScaler whose scale was halved before the stop: the scale must survive."""
     check_exact_resume(impl, RESUME_SCALER)

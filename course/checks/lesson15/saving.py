@@ -13,13 +13,14 @@ from course.runs import full_epoch_batches, save_objects, train_until
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
 from ..framework import check, expect_equal, expect_raises, expect_tensor_close, fail
-from .checks import CompiledWrapper, expect_works, fake_ddp, fake_rank, good_checkpoint
+from .checks import CompiledWrapper, expect_works, fake_ddp, fake_rank, good_checkpoint, names_the_rule
 
 
 # --- save_checkpoint ---------------------------------------------------------------------------
 
 
 @check("save_checkpoint")
+@names_the_rule('every key of the contract; tensors keep their dtype and value (fp32 stays fp32: fp16 weights are an export); an extra with a state_dict() is stored as that dict, so weights_only=True reads the file')
 def save_checkpoint_writes_full_state(impl):
     """fp32 weights, optimizer, scaler, counters, world size, model config and extras, loadable weights_only."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
@@ -82,6 +83,7 @@ class CrashWhilePickled:
 
 
 @check("save_checkpoint", hidden=True, uses=("load_checkpoint",))
+@names_the_rule('on ANY failure, KeyboardInterrupt included (catch BaseException), delete the temporary file and re-raise; the previous checkpoint is never touched until the new one replaces it')
 def save_checkpoint_is_atomic(impl):
     """A save that fails halfway (OSError, or KeyboardInterrupt) re-raises and leaves the previous checkpoint
     byte-identical and loadable, and no temporary file."""
@@ -111,6 +113,7 @@ def save_checkpoint_is_atomic(impl):
 
 
 @check("save_checkpoint", hidden=True)
+@names_the_rule('save only at an update boundary: a non-zero gradient is pending (ValueError naming accumulation); None or zero gradients are not')
 def save_checkpoint_refuses_pending_gradients(impl):
     """Zero gradients (zero_grad(set_to_none=False)) are not pending: the save works. Mid-accumulation
     (non-zero gradients, no optimizer step yet) a save raises ValueError naming 'accumulation', writing nothing."""
@@ -132,6 +135,7 @@ def save_checkpoint_refuses_pending_gradients(impl):
 
 
 @check("save_checkpoint", hidden=True)
+@names_the_rule("create the parent directory (path may be a str); os.replace is an atomic rename only within one file system, so the temporary file lies in the target's directory, and its bytes are fsync'd before the name switches")
 def save_checkpoint_writes_next_to_the_target(impl):
     """The parent directory (of a str path) is created; the temporary file lies in the target's directory
     (os.replace is a rename only there) and is fsync'd, all its bytes flushed, before os.replace puts it onto
@@ -171,6 +175,7 @@ def save_checkpoint_writes_next_to_the_target(impl):
 
 
 @check("save_checkpoint")
+@names_the_rule('save the model itself: unwrap .module (DistributedDataParallel) and ._orig_mod (torch.compile) until neither is left, then read state_dict() and config')
 def save_checkpoint_unwraps_ddp_and_compile(impl):
     """A model wrapped by DistributedDataParallel (keys 'module.'), torch.compile ('_orig_mod.') or both is
     saved as the model itself: the same keys as model.state_dict(), and its config."""
@@ -193,6 +198,7 @@ def save_checkpoint_unwraps_ddp_and_compile(impl):
 
 
 @check("save_checkpoint", hidden=True)
+@names_the_rule("every rank validates; only rank 0 (dist.get_rank() == 0) writes; world_size is the process group's size")
 def save_checkpoint_writes_on_rank_0_only(impl):
     """Under torch.distributed only rank 0 writes (every rank holds the same state); it records world_size."""
     objects, _ = train_until(RESUME_BASE, 0, 2)
@@ -213,6 +219,7 @@ SAVE_ARGUMENTS = ("path", "model", "optimizer", "scaler", "epoch", "step")
 
 
 @check("save_checkpoint", hidden=True)
+@names_the_rule('epoch and step are ints >= 0 (1.0 is a float, 0 is valid); an extra named like a checkpoint key is refused; refusals write nothing')
 def save_checkpoint_rejects_bad_counters(impl):
     """An epoch or step that is not an int >= 0, or an extra named like a checkpoint key, raises ValueError
     naming it, before anything is written; epoch 0, step 0 is saved."""
