@@ -1,23 +1,34 @@
-"""``python -m course check``: the table, exit codes, --json and grading a submission directory."""
+"""``python -m course check``: the table, exit codes, --json and grading a submission directory.
+
+The commands run in this process through ``course.cli.main`` (what ``python -m course`` calls), which
+saves a Python and torch start per command; tests/test_docs_commands.py runs ``python -m course`` itself.
+"""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
+from contextlib import redirect_stderr, redirect_stdout
 
 from stub_copies import untouched_impl
 
+import course.implementations
 from course.checks import get_lesson
+from course.cli import main
 from course.implementations import STUDENT_DIR
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def course_cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "course", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    """``python -m course ARGS``: exit code, stdout and stderr."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with redirect_stdout(stdout), redirect_stderr(stderr):
+        try:
+            returncode = main(list(args))
+        except SystemExit as exit_:   # argparse's usage errors
+            returncode = exit_.code
+    return subprocess.CompletedProcess(["python", "-m", "course", *args], returncode, stdout.getvalue(),
+                                       stderr.getvalue())
 
 
 def test_untouched_stubs_report_todo_and_exit_1(tmp_path):
@@ -97,18 +108,15 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     assert proc.returncode == 2 and "invalid choice" in proc.stderr, proc.stderr
 
 
-def test_align_prints_the_report_and_exits_by_alignment(tmp_path):
+def test_align_prints_the_report_and_exits_by_alignment(tmp_path, monkeypatch):
     """``python -m course align 14``: the reference prints the report and passes; untouched stubs (an untouched
     copy of impl/ standing in for the student's, so the test holds however far the student has got) say TODO."""
     proc = course_cli("align", "14", "--impl", "reference")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1] == "alignment=passed", proc.stdout
     assert "optimizer_step_micro_steps=[4, 8]" in proc.stdout, proc.stdout
-    untouched = untouched_impl(tmp_path / "impl")
-    proc = subprocess.run([sys.executable, "-c", "import pathlib, sys; import course.implementations as i; "
-                           "i.STUDENT_DIR = pathlib.Path(sys.argv[1]); from course.cli import main; "
-                           "sys.exit(main(['align', '14']))", str(untouched)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    monkeypatch.setattr(course.implementations, "STUDENT_DIR", untouched_impl(tmp_path / "impl"))
+    proc = course_cli("align", "14")
     assert proc.returncode == 1 and "alignment=TODO" in proc.stderr, proc.stdout + proc.stderr
     proc = course_cli("align", "15")
     assert proc.returncode == 2 and "no alignment report" in proc.stderr, proc.stderr
