@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from mistake_results import mistake_result
+
 from course.checks import get_lesson
-from course.checks.framework import expect_equal, run_check
+from course.checks.framework import expect_equal
 from course.checks.lesson14.loop import aux_backward_hint, loss_hint, norm_hint, update_hint
 from course.runs.scenarios import LOOP_BASE
 
@@ -48,7 +50,7 @@ def test_failures_hint_at_the_likely_cause(mistake_name, hint):
 def failure_message(mistake_name: str) -> str:
     mistake = next(m for m in LESSON.mistakes if m.name == mistake_name)
     check = next(c for c in LESSON.checks if c.name == mistake.caught_by)
-    result = run_check(check, mistake.build())
+    result = mistake_result(mistake)
     assert result.status == "FAIL", f"{mistake_name}: {check.name} says {result.status}"
     return result.message
 

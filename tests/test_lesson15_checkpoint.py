@@ -18,8 +18,10 @@ import pytest
 import torch
 from stub_copies import untouched_impl
 
+from mistake_results import mistake_result
+
 from course.checks import get_lesson
-from course.checks.framework import expect_equal, run_check
+from course.checks.framework import expect_equal
 from course.checks.lesson15.checks import compare_resumed
 from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind.train_pretrain import build_training
@@ -315,7 +317,7 @@ def test_a_broken_rule_is_named(mistake_name, rule):
     lesson = get_lesson("15")
     mistake = next(m for m in lesson.mistakes if m.name == mistake_name)
     check = next(c for c in lesson.checks if c.name == mistake.caught_by)
-    result = run_check(check, mistake.build())
+    result = mistake_result(mistake)
     assert result.status == "FAIL", f"{mistake_name}: {check.name} says {result.status}"
     assert rule in result.message, f"{mistake_name}\n  ACTUAL: {result.message}\n  EXPECTED: ...{rule}..."
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from mistake_results import mistake_result
+
 from course.checks import get_lesson
-from course.checks.framework import FAIL, CheckFailure, run_check
+from course.checks.framework import FAIL, CheckFailure
 from course.checks.lesson16.checks import rule
 
 LESSON = get_lesson("16")
@@ -15,7 +17,7 @@ LESSON = get_lesson("16")
 @pytest.mark.parametrize("mistake", LESSON.mistakes, ids=lambda m: m.name)
 def test_failure_names_the_broken_rule(mistake):
     check = next(c for c in LESSON.checks if c.name == mistake.caught_by)
-    result = run_check(check, mistake.build())
+    result = mistake_result(mistake)
     assert result.status == FAIL, f"{mistake.name} should fail {check.name}, got {result.status}"
     hint = next((line.strip() for line in result.message.splitlines() if line.strip().startswith("hint:")), None)
     assert hint and len(hint) > len("hint: ") + 20, (

@@ -7,10 +7,12 @@ import dataclasses
 
 import pytest
 
+from mistake_results import mistake_result
+
 from course import cli
 from course.checks import LESSONS, get_lesson
 from course.checks.catalogue import Mistake, verify
-from course.checks.framework import FAIL, PASS, grade, run_check
+from course.checks.framework import FAIL, PASS, grade
 
 MISTAKES = [m for _, lesson in sorted(LESSONS.items()) for m in lesson.mistakes]
 EQUIVALENTS = [m for _, lesson in sorted(LESSONS.items()) for m in lesson.equivalents]
@@ -21,7 +23,7 @@ def test_mistake_is_caught(mistake):
     lesson = get_lesson(mistake.lesson)
     check = next((c for c in lesson.checks if c.name == mistake.caught_by), None)
     assert check is not None, f"{mistake.name}: no check named {mistake.caught_by!r} in lesson {mistake.lesson}"
-    result = run_check(check, mistake.build())
+    result = mistake_result(mistake)
     assert result.status == FAIL, (
         f"{mistake.name} ({mistake.description}) should FAIL {check.name}\n"
         f"  ACTUAL:   {result.status} {result.message[:500]}\n  EXPECTED: FAIL")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from mistake_results import mistake_result
+
 from course.checks import get_lesson
-from course.checks.framework import FAIL, run_check
+from course.checks.framework import FAIL
 
 # catalogued weakening of the reference test -> what its failure message must say
 WHY = {
@@ -24,7 +26,7 @@ WHY = {
 def test_weak_comparison_fails_with_its_cause(lesson_id, name):
     lesson = get_lesson(lesson_id)
     weak = next(m for m in lesson.mistakes if m.name == name)
-    result = run_check(next(c for c in lesson.checks if c.name == weak.caught_by), weak.build())
+    result = mistake_result(weak)
     assert result.status == FAIL
     for expected in WHY[name]:
         assert expected in result.message, f"{name}: {expected!r} not in the message:\n{result.message}"
