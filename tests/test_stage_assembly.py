@@ -9,9 +9,11 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from course.checks.framework import expect_equal
 from course.implementations import REPO_ROOT, load_implementation, load_module
@@ -63,11 +65,12 @@ def short_run(tmp_path_factory):
 def test_metrics_json_schema(short_run):
     metrics = short_run.metrics
     expect_equal("metrics_json keys", sorted(metrics),
-                 ["figure", "samples", "tokens_per_second", "train_loss", "val_loss"])
+                 ["drawn_samples", "figure", "samples", "tokens_per_second", "train_loss", "val_loss"])
     expect_equal("train_loss updates (8 updates: 7 full + a tail flush)", [u for u, _ in metrics["train_loss"]],
                  list(range(1, 9)))
     expect_equal("val_loss updates (start, every 4 updates, the end)", [u for u, _ in metrics["val_loss"]], [0, 4, 8])
     expect_equal("sample updates", [u for u, _ in metrics["samples"]], [0, 4, 8])
+    expect_equal("drawn sample updates", [u for u, _ in metrics["drawn_samples"]], [0, 4, 8])
     assert metrics["tokens_per_second"] > 0, metrics["tokens_per_second"]
 
 
@@ -108,7 +111,37 @@ def test_samples_continue_the_prompt_and_are_printed(short_run):
     for update, text in short_run.metrics["samples"]:
         assert text.startswith(PROMPT) and len(text) > len(PROMPT), (update, text)
         assert f"update {update} sample: {text!r}" in short_run.out, short_run.out[-2000:]
+    for update, text in short_run.metrics["drawn_samples"]:
+        assert text.startswith(PROMPT), (update, text)
+        assert f"update {update} drawn:  {text!r}" in short_run.out, short_run.out[-2000:]
     assert f"update 8: val_loss {short_run.metrics['val_loss'][-1][1]:.4f}" in short_run.out, short_run.out[-2000:]
+
+
+def test_report_card_holds_config_losses_figure_and_samples(short_run):
+    report_path = short_run.out.split("report in ")[1].splitlines()[0]
+    report = Path(report_path).read_text(encoding="utf-8")
+    assert report_path.endswith("out/pretrain_32_report.md"), report_path
+    train, val = dict(short_run.metrics["train_loss"]), dict(short_run.metrics["val_loss"])
+    rows = [f"| 0 | | {val[0]:.4f} |"] + [f"| {u} | {train[u]:.4f} | {val[u]:.4f} |" for u in (4, 8)]
+    missing = [row for row in rows + ["![train and validation loss](pretrain_32_loss.png)",
+                                      "| model | hidden size 32, 1 layers"] if row not in report]
+    assert not missing, f"report lacks\n  ACTUAL: {missing}\n  EXPECTED: none missing; report:\n{report}"
+    for update, text in short_run.metrics["samples"] + short_run.metrics["drawn_samples"]:
+        assert f"`{text}`" in report, (update, text, report)
+
+
+def test_drawn_samples_reproduce_and_greedy_is_the_argmax():
+    """Same weights and seed: the same text; greedy (temperature 0) is a draw among the top 1."""
+    from course.minimind import MiniMindConfig, MiniMindForCausalLM, load_tokenizer
+    from course.trainers.pretrain import generate
+    torch.manual_seed(0)
+    model, tokenizer = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1)), load_tokenizer()
+    drawn = [generate(model, tokenizer, PROMPT, 12, 48, "cpu", temperature=1.0, top_k=50, seed=seed)
+             for seed in (3, 3, 4)]
+    assert drawn[0] == drawn[1] != drawn[2], f"ACTUAL {drawn}, EXPECTED seeds 3, 3 alike and seed 4 different"
+    greedy = generate(model, tokenizer, PROMPT, 12, 48, "cpu")
+    top_1 = generate(model, tokenizer, PROMPT, 12, 48, "cpu", temperature=0.5, top_k=1, seed=9)
+    expect_equal("greedy vs a top-1 draw", greedy, top_1)
 
 
 def test_split_holds_out_the_last_lines(tmp_path, capsys):
