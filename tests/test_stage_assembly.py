@@ -7,6 +7,7 @@ import ast
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from doc_runs import run_documented
 
 from course.checks.framework import expect_equal
 from course.implementations import REPO_ROOT, load_implementation, load_module
@@ -142,6 +144,35 @@ def test_drawn_samples_reproduce_and_greedy_is_the_argmax():
     greedy = generate(model, tokenizer, PROMPT, 12, 48, "cpu")
     top_1 = generate(model, tokenizer, PROMPT, 12, 48, "cpu", temperature=0.5, top_k=1, seed=9)
     expect_equal("greedy vs a top-1 draw", greedy, top_1)
+
+
+DEFAULT_JOB = "python impl/train_pretrain_impl.py --impl reference"  # as the README and lesson 14 §8 run it
+WORD = re.compile(r"[A-Za-z]+|\d+")
+
+
+def test_the_default_job_learns_to_write_the_corpus_words():
+    """The stories preset's run (shared with the docs test that runs the same command): a final validation loss
+    of at most 1.0 nat per byte, and a last greedy sample of at least 8 words, at least 90 % of them words of
+    the corpus (read here from the jsonl), none three times in a row; its report card holds the loss table."""
+    proc = run_documented(DEFAULT_JOB)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()  # also splits the progress bar's \r
+    val = [(int(m[1]), float(m[2])) for m in map(re.compile(r"update (\d+): val_loss ([\d.]+)").fullmatch, lines) if m]
+    assert val and val[-1][1] <= 1.0, f"final val loss ACTUAL {val[-1:]}, EXPECTED <= 1.0"
+    corpus = set()
+    for line in (REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl").read_text(encoding="utf-8").splitlines():
+        corpus.update(WORD.findall(json.loads(line)["text"]))
+    sample = ast.literal_eval([m[1] for m in map(re.compile(r"update \d+ sample: (.+)").fullmatch, lines) if m][-1])
+    words = WORD.findall(sample)
+    known = [w for w in words if w in corpus]
+    assert len(words) >= 8, f"last sample {sample!r}: ACTUAL {len(words)} words, EXPECTED >= 8"
+    assert len(known) >= 0.9 * len(words), (f"last sample {sample!r}: ACTUAL {len(known)}/{len(words)} corpus "
+                                             f"words, EXPECTED >= 90 %; unknown {set(words) - corpus}")
+    tripled = [words[i] for i in range(len(words) - 2) if words[i] == words[i + 1] == words[i + 2]]
+    assert not tripled, f"last sample {sample!r}: ACTUAL {tripled} three times in a row, EXPECTED none"
+    report = Path(proc.stdout.split("report in ")[1].split()[0]).read_text(encoding="utf-8")
+    missing = [(u, v) for u, v in val if not re.search(rf"^\| {u} \| [\d.]* \| {v:.4f} \|$", report, re.M)]
+    assert not missing, f"report rows ACTUAL missing (update, val loss) {missing}, EXPECTED none; report:\n{report}"
 
 
 def test_split_holds_out_the_last_lines(tmp_path, capsys):
