@@ -69,7 +69,7 @@ def compare_shown(source: str, command: str, shown: list[str], output: str) -> N
             continue
         key, expected = _shape(line)
         found = next((i for i in range(at, len(actual)) if actual[i][0] == key), None)
-        assert found is not None, (f"{source}: `{command}` shows a line its output lacks (after line {at})\n"
+        assert found is not None, (f"{source}: `{command}` shows a line its output lacks (searched from output line {at})\n"
                                    f"  EXPECTED: {line}\n  ACTUAL output:\n{output[-3000:]}")
         for (label, want), (_, got) in zip(expected, actual[found][1]):
             assert abs(got - want) <= TOLERANCES[label], (

@@ -36,7 +36,7 @@ def short_run_argv(tmp_path, data_path):
     # 180 train + 20 validation samples, micro-batch 8, accumulation 3: 23 micro-steps, 8 updates (the last a
     # tail flush of 2), so the mean-over-micro-batches rule is exercised on full and partial updates.
     return ["--impl", "reference", "--data_path", str(data_path), "--hidden_size", "32", "--num_hidden_layers", "1",
-            "--max_seq_len", "48", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
+            "--max_seq_len", "48", "--epochs", "1", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
             "--val_fraction", "0.1", "--eval_interval", "4", "--eval_batches", "2", "--max_new_tokens", "12",
             "--prompt", PROMPT, "--out_dir", str(tmp_path / "out"), "--metrics_json", str(tmp_path / "m.json")]
 
@@ -124,7 +124,7 @@ def test_report_card_holds_config_losses_figure_and_samples(short_run):
     report = Path(report_path).read_text(encoding="utf-8")
     assert report_path.endswith("out/pretrain_32_report.md"), report_path
     train, val = dict(short_run.metrics["train_loss"]), dict(short_run.metrics["val_loss"])
-    rows = [f"| 0 | | {val[0]:.4f} |"] + [f"| {u} | {train[u]:.4f} | {val[u]:.4f} |" for u in (4, 8)]
+    rows = [f"| 0 |  | {val[0]:.4f} |"] + [f"| {u} | {train[u]:.4f} | {val[u]:.4f} |" for u in (4, 8)]
     missing = [row for row in rows + ["![train and validation loss](pretrain_32_loss.png)",
                                       "| model | hidden size 32, 1 layers"] if row not in report]
     assert not missing, f"report lacks\n  ACTUAL: {missing}\n  EXPECTED: none missing; report:\n{report}"
