@@ -32,7 +32,7 @@ def run_documented(command: str) -> subprocess.CompletedProcess:
     """``command`` run from the repo root with ``bash -c`` (once per session: tests share the run)."""
     env = dict(os.environ, MPLBACKEND="Agg")
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
 
 
 def shown_outputs(path: Path) -> list[tuple[str, list[str]]]:
