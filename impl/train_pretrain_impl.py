@@ -1,10 +1,10 @@
 """Stage assembly for lessons 14-15: dataset -> DataLoader -> model -> your train_one_epoch -> checkpoint.
 
     python impl/train_pretrain_impl.py                          # uses YOUR impl/train_loop.py
-    python impl/train_pretrain_impl.py --impl reference         # learns the stories corpus, ~3 min on 2 CPU cores
+    python impl/train_pretrain_impl.py --impl reference         # learns the stories corpus (lesson 14 §8)
     python impl/train_pretrain_impl.py --impl reference --metrics_json out/metrics.json --eval_interval 20
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
-    python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_48_resume.pth
+    python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_128_resume.pth
     python impl/train_pretrain_impl.py --impl reference --preset minimind --data_path ../minimind/dataset/pretrain_t2t_mini.jsonl \
         --tokenizer_path ../minimind/model                                   # upstream's pretrain run
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
@@ -39,28 +39,30 @@ from course.minimind.train_pretrain import build_parser as oracle_parser
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger, setup_seed
 from course.runs.distributed import process_group
+from course.runs.threads import add_threads_argument, cpu_threads
 from course.runs.update_plan import UpdatePlan, window_error
 from course.trainers.ddp import check_ranks_agree, mean_over_ranks, sum_over_ranks, sync_only_when_closing
 from course.trainers.pretrain import (Throughput, closed_updates, counted, generate, log_updates, plot_losses, split,
-                                      validation_loss)
+                                      validation_loss, write_report)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
 STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
-LEARNING_RATE = 5e-3  # a tiny model tolerates (and needs) a larger lr than upstream's 5e-4 for 64M parameters
-MAX_SEQ_LEN = 128     # holds 72 % of the stories corpus's texts whole (bos + bytes + eos); the rest are cut
 
 
-# --preset: the defaults of everything below. "stories" learns visibly in about 3 minutes on 2 CPU cores;
-# "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the stories corpus;
+# --preset: the defaults of everything below. "stories" learns to write the corpus's words in 714 updates (132 s
+# CPU on one thread of a busy 2-core machine, lesson 14 §8): hidden size 128 (the 6400-way output layer costs most of a step, so a wider model costs little
+# more), max_seq_len 96 (holds 55 % of the texts whole; the prompt and its sample fit), K = 1 and lr 3e-3 (more,
+# smaller updates learn faster per second than accumulated ones here: lesson 14 §8 gives the measurements), 2
+# epochs; "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the stories corpus;
 # "minimind" is upstream's pretrain run (trainer/train_pretrain.py's defaults) on upstream's data and tokenizer,
 # which it cannot default to. max_seq_len is 768, what upstream's README recommends for pretrain_t2t_mini.jsonl
 # (its trainer's default is 340).
 TINY_MODEL = dict(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0)
 PRESETS = {
-    "stories": dict(TINY_MODEL, epochs=1, batch_size=8, accumulation_steps=2, log_interval=100,
-                    learning_rate=LEARNING_RATE, max_seq_len=MAX_SEQ_LEN, data_path=str(STORIES_CORPUS),
-                    val_fraction=0.05),
+    "stories": dict(TINY_MODEL, hidden_size=128, epochs=2, batch_size=8, accumulation_steps=1, log_interval=100,
+                    learning_rate=3e-3, max_seq_len=96, data_path=str(STORIES_CORPUS), val_fraction=0.05,
+                    eval_interval=60),
     "tiny": dict(TINY_MODEL, epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
                  max_seq_len=64, data_path=str(TINY_CORPUS), val_fraction=0.0),
     "minimind": dict(hidden_size=768, num_hidden_layers=8, epochs=2, batch_size=32, accumulation_steps=8,
@@ -80,8 +82,8 @@ def parse_args(argv=None):
                              "configuration; needs --data_path and --tokenizer_path); explicit flags override them")
     parser.add_argument("--val_fraction", type=float,
                         help="share of the data (its last lines) held out for validation; 0: no validation")
-    parser.set_defaults(**PRESETS[preset.parse_known_args(argv)[0].preset])
     add_impl_arguments(parser, "train_loop.py and checkpoint.py")
+    add_threads_argument(parser)
     parser.add_argument("--out_dir", default=str(REPO_ROOT / "out"))
     # Lesson 15. --save_interval (upstream's flag) counts micro-steps; 0 writes no resume checkpoint.
     parser.add_argument("--resume", default=None, metavar="PATH",
@@ -95,18 +97,28 @@ def parse_args(argv=None):
     parser.add_argument("--eval_batches", type=int, default=8,
                         help="validation batches (of --batch_size) per evaluation, always the same ones")
     parser.add_argument("--prompt", default="One day Tom went to the",
-                        help="the sample's prompt (greedy continuation at each evaluation)")
+                        help="the samples' prompt (continued greedily, and drawn with --temperature, at each "
+                             "evaluation)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.8,
+                        help="the drawn sample's softmax temperature, beside the greedy one; 0: greedy only")
+    parser.add_argument("--top_k", type=int, default=8, help="the drawn sample picks among the k likeliest tokens")
     parser.add_argument("--metrics_json", default=None, metavar="PATH",
                         help="write train/val loss curves, tokens/s and the samples to this json file")
+    parser.add_argument("--report", default=None, metavar="PATH",
+                        help="the markdown report card (config, tokens/s, losses, figure, samples); "
+                             "default: --out_dir's pretrain_<hidden_size>_report.md")
+    parser.set_defaults(**PRESETS[preset.parse_known_args(argv)[0].preset])  # after every add_argument: they win
     args = parser.parse_args(argv)
     if args.preset == "minimind" and (args.data_path is None or args.tokenizer_path is None):
         raise InputError("--preset minimind trains on upstream's inputs: give --data_path (e.g. "
                          "../minimind/dataset/pretrain_t2t_mini.jsonl) and --tokenizer_path (e.g. ../minimind/model)")
     for name in ("epochs", "batch_size", "accumulation_steps", "log_interval", "max_seq_len", "eval_interval",
-                 "eval_batches", "max_new_tokens"):
+                 "eval_batches", "max_new_tokens", "top_k"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.temperature >= 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
     if not 0 <= args.val_fraction < 1:
         parser.error(f"--val_fraction must be in [0, 1), got {args.val_fraction}")
     for name in ("save_interval", "stop_after"):
@@ -179,16 +191,18 @@ def out_file(args, suffix: str) -> Path:
 @refusing_input_errors
 def main(argv=None) -> int:
     """One process as before; under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) one rank of a DDP run:
-    nccl with one GPU per process on CUDA, gloo on the CPU."""
+    nccl with one GPU per process on CUDA, gloo on the CPU. One CPU thread unless --threads or
+    OMP_NUM_THREADS says otherwise (course/runs/threads.py)."""
     args = parse_args(argv)
-    if not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= set(os.environ):
-        return train(args)
-    backend = "gloo"
-    if torch.device(args.device).type == "cuda":
-        backend, args.device = "nccl", f"cuda:{os.environ['LOCAL_RANK']}"
-        torch.cuda.set_device(args.device)
-    with process_group(backend):
-        return train(args)
+    with cpu_threads(args.threads):
+        if not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= set(os.environ):
+            return train(args)
+        backend = "gloo"
+        if torch.device(args.device).type == "cuda":
+            backend, args.device = "nccl", f"cuda:{os.environ['LOCAL_RANK']}"
+            torch.cuda.set_device(args.device)
+        with process_group(backend):
+            return train(args)
 
 
 def train(args) -> int:
@@ -239,7 +253,7 @@ def build_stage(args, train_loop: ModuleType, ckpt: ModuleType | None, tokenizer
     # r's micro-batch j holds every W-th sample of the single-process micro-batch j of size W * batch_size.
     sampler = DistributedSampler(dataset, shuffle=True, seed=42) if dist.is_initialized() else None
     iters = math.ceil((len(dataset) if sampler is None else len(sampler)) / args.batch_size)  # micro-steps per rank
-    metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [],
+    metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
                "figure": str(out_file(args, "_loss.png"))}
     return Stage(args=args, train_loop=train_loop, ckpt=ckpt, tokenizer=tokenizer, model=model, optimizer=optimizer,
                  scaler=scaler, autocast_ctx=autocast_ctx, dataset=dataset, val_set=val_set, val_batches=val_batches,
@@ -357,9 +371,9 @@ def train_segment(stage: Stage, segment, epoch: int, begin: int, end: int) -> li
 
 
 def evaluate(stage: Stage) -> None:
-    """The validation loss (if any) and a greedy sample at the current update. Rank 0 alone, on the unwrapped
-    model (the same weights on every rank): the single-process numbers, and no collective that the other
-    ranks, already training on, would have to join."""
+    """The validation loss (if any), a greedy sample and (--temperature > 0) a drawn one at the current update.
+    Rank 0 alone, on the unwrapped model (the same weights on every rank): the single-process numbers, and no
+    collective that the other ranks, already training on, would have to join."""
     if not stage.is_main:
         return
     args, metrics = stage.args, stage.metrics
@@ -370,6 +384,11 @@ def evaluate(stage: Stage) -> None:
     sample = generate(stage.model, stage.tokenizer, args.prompt, args.max_new_tokens, args.max_seq_len, args.device)
     metrics["samples"].append([stage.update, sample])
     tqdm.write(f"update {stage.update} sample: {sample!r}", file=sys.stdout)
+    if args.temperature > 0:  # seeded: the same weights draw the same text
+        drawn = generate(stage.model, stage.tokenizer, args.prompt, args.max_new_tokens, args.max_seq_len,
+                         args.device, temperature=args.temperature, top_k=args.top_k, seed=stage.update)
+        metrics["drawn_samples"].append([stage.update, drawn])
+        tqdm.write(f"update {stage.update} drawn:  {drawn!r}", file=sys.stdout)
 
 
 def save_resume_checkpoint(stage: Stage, epoch: int, step: int) -> None:
@@ -385,7 +404,7 @@ def save_resume_checkpoint(stage: Stage, epoch: int, step: int) -> None:
 
 
 def finish(stage: Stage) -> None:
-    """Tokens/s, the loss figure and --metrics_json (rank 0)."""
+    """Tokens/s, the loss figure, the report card and --metrics_json (rank 0)."""
     throughput, metrics = stage.throughput, stage.metrics
     if stage.distributed:  # tokens of every rank over rank 0's time in train_one_epoch
         throughput.tokens = round(sum_over_ranks([throughput.tokens], stage.args.device)[0])
@@ -393,10 +412,28 @@ def finish(stage: Stage) -> None:
         return
     metrics["tokens_per_second"] = throughput.per_second()
     plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]))
-    Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}")
+    report = Path(stage.args.report) if stage.args.report else out_file(stage.args, "_report.md")
+    write_report(report, report_config(stage), metrics)
+    Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}, "
+           f"report in {report}")
     if stage.args.metrics_json:
         Path(stage.args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
         Path(stage.args.metrics_json).write_text(json.dumps(metrics, indent=1))
+
+
+def report_config(stage: Stage) -> dict:
+    """The report card's settings table."""
+    args = stage.args
+    processes = dist.get_world_size() if stage.distributed else 1
+    return {"preset": args.preset, "data": args.data_path,
+            "samples": f"{len(stage.dataset)} train, {len(stage.val_set)} validation",
+            "model": f"hidden size {args.hidden_size}, {args.num_hidden_layers} layers, "
+                     f"{sum(p.numel() for p in stage.model.parameters()) / 1e6:.3f} M parameters",
+            "schedule": f"{args.epochs} epochs, micro-batch {args.batch_size}, K {args.accumulation_steps}, "
+                        f"{stage.plan.updates_per_epoch * args.epochs} updates, max_seq_len {args.max_seq_len}",
+            "learning rate": f"{args.learning_rate:g} (cosine), grad_clip {args.grad_clip:g}",
+            "device": f"{args.device}, {processes} process(es), {torch.get_num_threads()} CPU thread(s) each",
+            "samples drawn": f"greedy, and temperature {args.temperature:g} top-k {args.top_k}"}
 
 
 def report_todo(stage: Stage, exc: NotImplementedError) -> int:

@@ -32,6 +32,7 @@ from course.input_errors import refusing_input_errors
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
                              MiniMindForCausalLM, PretrainDataset, get_lr, setup_seed)
 from course.minimind.tokenizer import load_tokenizer
+from course.runs.threads import add_threads_argument, cpu_threads
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -116,6 +117,7 @@ def parse_args(argv=None):
     parser.add_argument("--data_path", default=str(TINY_CORPUS))
     parser.add_argument("--tokenizer_path", default=None,
                         help="a tokenizer.json or its directory; default: the built-in byte tokenizer")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     if args.max_length < 3:
         parser.error(f"--max_length must be >= 3 (bos + a token + eos), got {args.max_length}")
@@ -128,7 +130,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     pieces = loop_pieces(args.impl, args.impl_dir)
     try:
-        trace(args, pieces)
+        with cpu_threads(args.threads):
+            trace(args, pieces)
     except ExerciseTodo as exc:
         source = f"{args.impl_dir or 'impl'}/train_loop.py" if args.impl == "student" else "the reference"
         print(f"TODO: {exc}\n--impl {args.impl} traces the lesson-14 functions of {source}; fill this one in "

@@ -5,16 +5,16 @@ root with ``bash -c``. A line may end with ``# expect exit N`` (e.g. a check on 
 exits 1); otherwise it must exit 0. The install and test commands are what CI itself runs, so
 here they are checked to appear verbatim in .ci/run instead of being run recursively.
 Each Chinese lesson must carry exactly the commands of its English twin.
+A command's output shown in a doc (``<!-- output of: COMMAND -->`` before a ```text block) is compared with
+the real one, numbers within the tolerances of tests/doc_runs.py.
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from doc_runs import compare_shown, run_documented, shown_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "course" / "lessons"
@@ -62,7 +62,7 @@ def test_chinese_twin_has_the_same_commands(english):
 
 
 @pytest.mark.parametrize("source,command", all_commands(), ids=lambda v: v if len(v) < 70 else v[:67] + "...")
-def test_command_runs(source, command, tmp_path):
+def test_command_runs(source, command):
     match = EXPECT.search(command)
     expected_rc = int(match.group(1)) if match else 0
     command = EXPECT.sub("", command)
@@ -70,11 +70,19 @@ def test_command_runs(source, command, tmp_path):
         ci = (ROOT / ".ci" / "run").read_text()
         assert RUN_BY_CI[command] in ci, f"{source}: {command!r} should be what .ci/run runs; .ci/run:\n{ci}"
         return
-    env = dict(os.environ, MPLBACKEND="Agg", MINIMIND_COURSE_HINTS=str(tmp_path / "hints.json"))  # not yours
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
-    proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_documented(command)
     output = (proc.stdout + proc.stderr)[-3000:]
     assert proc.returncode == expected_rc, (
         f"{source}: `{command}`\n  ACTUAL exit:   {proc.returncode}\n  EXPECTED exit: {expected_rc}\n{output}")
     assert "Warning" not in proc.stderr, f"{source}: `{command}` printed a warning:\n{proc.stderr[-2000:]}"
+    for path in doc_files():
+        for shown_command, shown in shown_outputs(path):
+            if shown_command == command:
+                compare_shown(path.relative_to(ROOT).as_posix(), command, shown, proc.stdout + proc.stderr)
+
+
+def test_shown_outputs_belong_to_commands_that_run():
+    commands = {command for _, command in all_commands()}
+    orphans = [(path.name, command) for path in doc_files() for command, _ in shown_outputs(path)
+               if command not in commands]
+    assert not orphans, f"shown outputs of commands no ```bash block runs: {orphans}"

@@ -255,3 +255,24 @@ def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
     assert not stale.exists(), "writing an entry removes the entries of other code versions"
     monkeypatch.setenv("MINIMIND_COURSE_CACHE", "off")
     assert oracle_cache_path(scenario) is None
+
+
+def test_cache_key_follows_the_thread_count_the_course_sets(tmp_path, monkeypatch):
+    """cpu_threads (python -m course, the trainers): --threads beats OMP_NUM_THREADS beats one thread; inside it
+    the oracle cache key reads the count in use; after it the caller's count is back."""
+    from course.runs.threads import cpu_threads, thread_count
+    scenario = LOOP_FP32_SCENARIOS[0]
+    before = torch.get_num_threads()
+    monkeypatch.setenv("MINIMIND_COURSE_CACHE", str(tmp_path))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    expect_equal("default thread count", thread_count(), 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    expect_equal("(OMP_NUM_THREADS=2, OMP_NUM_THREADS=2 with --threads 3)", (thread_count(), thread_count(3)), (2, 3))
+    keys = {}
+    for n in (1, 2):
+        with cpu_threads(n) as used:
+            keys[n] = (used, torch.get_num_threads(), oracle_cache_path(scenario))
+        expect_equal(f"threads after cpu_threads({n})", torch.get_num_threads(), before)
+    expect_equal("(count yielded, count in use) inside cpu_threads(1), (2)", [keys[n][:2] for n in (1, 2)],
+                 [(1, 1), (2, 2)])
+    assert keys[1][2] != keys[2][2], f"one cache entry for 1 and 2 threads: {keys[1][2]}"

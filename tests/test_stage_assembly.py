@@ -7,11 +7,15 @@ import ast
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from doc_runs import run_documented
 
 from course.checks.framework import expect_equal
 from course.implementations import REPO_ROOT, load_implementation, load_module
@@ -32,7 +36,7 @@ def short_run_argv(tmp_path, data_path):
     # 180 train + 20 validation samples, micro-batch 8, accumulation 3: 23 micro-steps, 8 updates (the last a
     # tail flush of 2), so the mean-over-micro-batches rule is exercised on full and partial updates.
     return ["--impl", "reference", "--data_path", str(data_path), "--hidden_size", "32", "--num_hidden_layers", "1",
-            "--max_seq_len", "48", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
+            "--max_seq_len", "48", "--epochs", "1", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
             "--val_fraction", "0.1", "--eval_interval", "4", "--eval_batches", "2", "--max_new_tokens", "12",
             "--prompt", PROMPT, "--out_dir", str(tmp_path / "out"), "--metrics_json", str(tmp_path / "m.json")]
 
@@ -63,11 +67,12 @@ def short_run(tmp_path_factory):
 def test_metrics_json_schema(short_run):
     metrics = short_run.metrics
     expect_equal("metrics_json keys", sorted(metrics),
-                 ["figure", "samples", "tokens_per_second", "train_loss", "val_loss"])
+                 ["drawn_samples", "figure", "samples", "tokens_per_second", "train_loss", "val_loss"])
     expect_equal("train_loss updates (8 updates: 7 full + a tail flush)", [u for u, _ in metrics["train_loss"]],
                  list(range(1, 9)))
     expect_equal("val_loss updates (start, every 4 updates, the end)", [u for u, _ in metrics["val_loss"]], [0, 4, 8])
     expect_equal("sample updates", [u for u, _ in metrics["samples"]], [0, 4, 8])
+    expect_equal("drawn sample updates", [u for u, _ in metrics["drawn_samples"]], [0, 4, 8])
     assert metrics["tokens_per_second"] > 0, metrics["tokens_per_second"]
 
 
@@ -108,7 +113,66 @@ def test_samples_continue_the_prompt_and_are_printed(short_run):
     for update, text in short_run.metrics["samples"]:
         assert text.startswith(PROMPT) and len(text) > len(PROMPT), (update, text)
         assert f"update {update} sample: {text!r}" in short_run.out, short_run.out[-2000:]
+    for update, text in short_run.metrics["drawn_samples"]:
+        assert text.startswith(PROMPT), (update, text)
+        assert f"update {update} drawn:  {text!r}" in short_run.out, short_run.out[-2000:]
     assert f"update 8: val_loss {short_run.metrics['val_loss'][-1][1]:.4f}" in short_run.out, short_run.out[-2000:]
+
+
+def test_report_card_holds_config_losses_figure_and_samples(short_run):
+    report_path = short_run.out.split("report in ")[1].splitlines()[0]
+    report = Path(report_path).read_text(encoding="utf-8")
+    assert report_path.endswith("out/pretrain_32_report.md"), report_path
+    train, val = dict(short_run.metrics["train_loss"]), dict(short_run.metrics["val_loss"])
+    rows = [f"| 0 |  | {val[0]:.4f} |"] + [f"| {u} | {train[u]:.4f} | {val[u]:.4f} |" for u in (4, 8)]
+    missing = [row for row in rows + ["![train and validation loss](pretrain_32_loss.png)",
+                                      "| model | hidden size 32, 1 layers"] if row not in report]
+    assert not missing, f"report lacks\n  ACTUAL: {missing}\n  EXPECTED: none missing; report:\n{report}"
+    for update, text in short_run.metrics["samples"] + short_run.metrics["drawn_samples"]:
+        assert f"`{text}`" in report, (update, text, report)
+
+
+def test_drawn_samples_reproduce_and_greedy_is_the_argmax():
+    """Same weights and seed: the same text; greedy (temperature 0) is a draw among the top 1."""
+    from course.minimind import MiniMindConfig, MiniMindForCausalLM, load_tokenizer
+    from course.trainers.pretrain import generate
+    torch.manual_seed(0)
+    model, tokenizer = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1)), load_tokenizer()
+    drawn = [generate(model, tokenizer, PROMPT, 12, 48, "cpu", temperature=1.0, top_k=50, seed=seed)
+             for seed in (3, 3, 4)]
+    assert drawn[0] == drawn[1] != drawn[2], f"ACTUAL {drawn}, EXPECTED seeds 3, 3 alike and seed 4 different"
+    greedy = generate(model, tokenizer, PROMPT, 12, 48, "cpu")
+    top_1 = generate(model, tokenizer, PROMPT, 12, 48, "cpu", temperature=0.5, top_k=1, seed=9)
+    expect_equal("greedy vs a top-1 draw", greedy, top_1)
+
+
+DEFAULT_JOB = "python impl/train_pretrain_impl.py --impl reference"  # as the README and lesson 14 §8 run it
+WORD = re.compile(r"[A-Za-z]+|\d+")
+
+
+def test_the_default_job_learns_to_write_the_corpus_words():
+    """The stories preset's run (shared with the docs test that runs the same command): a final validation loss
+    of at most 1.0 nat per byte, and a last greedy sample of at least 8 words, at least 90 % of them words of
+    the corpus (read here from the jsonl), none three times in a row; its report card holds the loss table."""
+    proc = run_documented(DEFAULT_JOB)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()  # also splits the progress bar's \r
+    val = [(int(m[1]), float(m[2])) for m in map(re.compile(r"update (\d+): val_loss ([\d.]+)").fullmatch, lines) if m]
+    assert val and val[-1][1] <= 1.0, f"final val loss ACTUAL {val[-1:]}, EXPECTED <= 1.0"
+    corpus = set()
+    for line in (REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl").read_text(encoding="utf-8").splitlines():
+        corpus.update(WORD.findall(json.loads(line)["text"]))
+    sample = ast.literal_eval([m[1] for m in map(re.compile(r"update \d+ sample: (.+)").fullmatch, lines) if m][-1])
+    words = WORD.findall(sample)
+    known = [w for w in words if w in corpus]
+    assert len(words) >= 8, f"last sample {sample!r}: ACTUAL {len(words)} words, EXPECTED >= 8"
+    assert len(known) >= 0.9 * len(words), (f"last sample {sample!r}: ACTUAL {len(known)}/{len(words)} corpus "
+                                             f"words, EXPECTED >= 90 %; unknown {set(words) - corpus}")
+    tripled = [words[i] for i in range(len(words) - 2) if words[i] == words[i + 1] == words[i + 2]]
+    assert not tripled, f"last sample {sample!r}: ACTUAL {tripled} three times in a row, EXPECTED none"
+    report = Path(proc.stdout.split("report in ")[1].split()[0]).read_text(encoding="utf-8")
+    missing = [(u, v) for u, v in val if not re.search(rf"^\| {u} \| [\d.]* \| {v:.4f} \|$", report, re.M)]
+    assert not missing, f"report rows ACTUAL missing (update, val loss) {missing}, EXPECTED none; report:\n{report}"
 
 
 def test_split_holds_out_the_last_lines(tmp_path, capsys):

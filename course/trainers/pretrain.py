@@ -3,6 +3,7 @@ split, tokens/s, the validation loss, greedy samples, the loss figure, and the p
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -76,15 +77,25 @@ def decode(tokenizer, ids) -> str:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device) -> str:
-    """The prompt and its greedy continuation (argmax at each position, no KV cache), up to max_new_tokens
-    or eos; the model sees at most the last max_seq_len tokens, the length it was trained on."""
+def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device, temperature: float = 0.0,
+             top_k: int = 0, seed: int = 0) -> str:
+    """The prompt and its continuation (no KV cache), up to max_new_tokens or eos; the model sees at most the last
+    max_seq_len tokens, the length it was trained on. temperature 0: greedy (argmax at each position); else a
+    draw from softmax(logits / temperature) over the top_k most likely tokens (0: all), by a generator seeded
+    with ``seed``, so the same weights give the same sample."""
     model.eval()
     ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
     new = []
+    generator = torch.Generator().manual_seed(seed)
     for _ in range(max_new_tokens):
         context = torch.tensor([(ids + new)[-max_seq_len:]], device=device)
-        token = int(model(context).logits[0, -1].argmax())
+        logits = model(context).logits[0, -1].float().cpu()
+        if temperature > 0:
+            kept = torch.topk(logits, top_k) if top_k else torch.sort(logits, descending=True)
+            probs = torch.softmax(kept.values / temperature, dim=-1)
+            token = int(kept.indices[torch.multinomial(probs, 1, generator=generator)])
+        else:
+            token = int(logits.argmax())
         if token == tokenizer.eos_token_id:
             break
         new.append(token)
@@ -108,6 +119,29 @@ def plot_losses(train_loss, val_loss, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_report(path: Path, config: dict, metrics: dict) -> None:
+    """A markdown report card of the run: its configuration, tokens/s, the losses at each evaluation, the loss
+    figure (linked relative to ``path``) and the samples."""
+    train, val = dict(metrics["train_loss"]), dict(metrics["val_loss"])
+    figure = os.path.relpath(metrics["figure"], path.parent)
+    lines = ["# Pretraining run", "", "| setting | value |", "| --- | --- |"]
+    lines += [f"| {name} | {value} |" for name, value in config.items()]
+    lines += ["", f"{metrics['tokens_per_second']:,.0f} tokens/s in train_one_epoch", "",
+              "| update | train loss | val loss |", "| ---: | ---: | ---: |"]
+    lines += [f"| {update} | {_cell(train, update)} | {_cell(val, update)} |" for update, _ in metrics["samples"]]
+    lines += ["", f"![train and validation loss]({figure})", "", "## Samples", ""]
+    drawn = dict(metrics["drawn_samples"])
+    for update, text in metrics["samples"]:
+        lines += [f"- update {update}, greedy: `{text}`"] + ([f"- update {update}, drawn: `{drawn[update]}`"]
+                                                            if update in drawn else [])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _cell(losses: dict, update: int) -> str:
+    return f"{losses[update]:.4f}" if update in losses else ""
 
 
 def closed_updates(records, pending: list) -> list[tuple[dict, float, float]]:

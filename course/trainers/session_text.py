@@ -31,6 +31,7 @@ from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYE
                              MiniMindForCausalLM, PretrainDataset, setup_seed)
 from course.protocol.driver import LossReadback, dataset_identity, run_text_training
 from course.protocol.types import TrainingRunState
+from course.runs.threads import add_threads_argument, cpu_threads
 from course.trainers.session_train_state import load_train_state, save_train_state
 
 AUTOCAST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-dir", default="out/lesson16")
     parser.add_argument("--resume", default=None, help="a train_state.pt of this script, or a legacy (micro-batch) lesson-15 checkpoint")
     parser.add_argument("--seed", type=int, default=42)
+    add_threads_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
@@ -80,7 +82,8 @@ def main(argv=None) -> list[dict]:
     impl = load_implementation("train_session.py", args.impl, args.impl_dir)
     checkpoint = load_implementation("checkpoint.py", args.impl, args.impl_dir)
     try:
-        return train(args, impl, checkpoint)
+        with cpu_threads(args.threads):
+            return train(args, impl, checkpoint)
     except NotImplementedError as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1].filename
         lesson, module = ("15", checkpoint) if where == checkpoint.__file__ else ("16", impl)
@@ -91,7 +94,6 @@ def main(argv=None) -> list[dict]:
 
 def train(args, impl, checkpoint) -> list[dict]:
     """Train with ``impl``'s TrainingSession (lesson 16) and save / resume with ``checkpoint`` (lesson 15)."""
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     setup_seed(args.seed)
     model = MiniMindForCausalLM(MiniMindConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_hidden_layers))
     model.to(args.device)  # in place, before the optimizer is built from its parameters
