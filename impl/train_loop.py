@@ -89,8 +89,8 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     scale; on CPU fp32 the reference matches the oracle bit for bit, so any order of operations other than
     the oracle's shows up (tolerances in §6.3). Lesson 14 §1 explains why each order is the only right one.
 
-    Inputs: ``loader`` is any iterable of ``(input_ids, labels)`` pairs (a list in the checks; never call
-    ``len(loader)``). ``epoch`` is 0-based of ``epochs``; ``iters`` the micro-batches of a FULL epoch (also
+    Inputs: ``loader`` is any iterable of ``(input_ids, labels)`` pairs (a list or a one-shot generator in
+    the checks; never call ``len(loader)``). ``epoch`` is 0-based of ``epochs``; ``iters`` the micro-batches of a FULL epoch (also
     on a resume, when the loader yields only the rest); ``start_step`` the micro-steps of this epoch done
     before a resume. ``scaler=None`` means a disabled ``torch.amp.GradScaler`` for
     ``torch.device(device).type``; ``autocast_ctx=None`` means no autocast (``nullcontext()``).
@@ -100,7 +100,8 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
       ``start_step + 1``. The lr follows ``cosine_lr`` over the GLOBAL micro-step of the whole run (all
       epochs), so it restarts neither at an epoch nor at a resume.
     - Every micro-step runs at its own lr, in EVERY param group, including the micro-steps that close no
-      window (a model may have several groups; the tail flush is graded on this rule).
+      window: the optimizer holds that lr from before the micro-step's forward pass (a model may have several
+      groups; the checks read the groups' lr at every forward and at every optimizer step).
     - The training loss is the LM loss plus the MoE aux loss, always both; what is backpropagated is that
       loss made 1/K by ``scale_loss_for_accumulation``, through the scaler. Gradients add up over a window.
     - Each window's accumulated gradient is applied exactly once, by one optimizer step through the
@@ -125,8 +126,9 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     skipped updates included); ``overflow_skipped`` (True iff an enabled scaler skipped ``optimizer.step``
     there; a scale that GREW after ``growth_interval`` clean updates is no skip; always False with
     ``scaler=None``); ``grad_norm`` (the global norm before clipping where ``update_closed``, else None);
-    ``tail_flush`` (True only on the record whose partial window the tail flush closed). Values may be
-    Python floats or 0-dim tensors. E.g. 6 micro-batches, K = 4, start 0: updates close at steps 4 and 6,
+    ``tail_flush`` (True only on the record whose partial window the tail flush closed). Values are Python
+    values, never tensors: ``step`` an int, ``lr``, ``loss``, ``aux_loss`` floats, ``grad_norm`` a float or
+    None, the flags bools. E.g. 6 micro-batches, K = 4, start 0: updates close at steps 4 and 6,
     and only the record of step 6 has ``tail_flush`` True.
 
     Argument rules (lesson 14 §5.7), all checked in this order before any work (before the loader is

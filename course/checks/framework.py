@@ -195,6 +195,13 @@ def expect_equal(what: str, actual, expected) -> None:
         fail(what, actual, expected)
 
 
+def expect_type(what: str, value, *types: type, detail: str = "") -> None:
+    """``type(value)`` is exactly one of ``types``: a bool for an int, an int for a bool or a 0-dim tensor for a
+    float fails, although each compares equal."""
+    if type(value) not in types:
+        fail(f"{what}: type", f"{type(value).__name__} {value!r}", " or ".join(t.__name__ for t in types), detail)
+
+
 def expect_close(what: str, actual: float, expected: float, *, rtol: float, atol: float = 0.0) -> None:
     """Scalar comparison: |actual - expected| <= atol + rtol * |expected|."""
     if actual is None or expected is None:

@@ -1,12 +1,12 @@
 """Lesson 14: learning rate, gradient accumulation, mixed precision and clipping - the descriptor.
 
-The checks live beside it (``checks`` the four small functions, ``loop`` train_one_epoch, ``test_writing`` the
-student's test, ``extensions`` the optional §10), the mistake catalogue in ``mistakes``.
+The checks live beside it (``checks`` the four small functions, ``loop`` train_one_epoch, ``loop_arguments`` its
+argument rules, ``test_writing`` the student's test, ``extensions`` the optional §10), the mistake catalogue in ``mistakes``.
 """
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, extensions, hints, loop, mistakes, test_writing
+from . import checks, equivalent_mutants, extensions, hints, loop, loop_arguments, mistakes, test_writing
 
 LESSON = Lesson(
     lesson_id="14",
@@ -27,7 +27,7 @@ LESSON = Lesson(
         Exercise("adamw_param_groups", "14 §10.3", optional=True),
         Exercise("warmup_cosine_lr", "14 §10.4", optional=True),
     ],
-    checks=checks_in(checks, loop, test_writing, extensions),
+    checks=checks_in(checks, loop, loop_arguments, test_writing, extensions),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,

@@ -10,7 +10,7 @@ import torch
 
 from course.minimind import get_lr
 
-from ..framework import check, expect_close, expect_equal, expect_raises, fail
+from ..framework import check, expect_close, expect_equal, expect_raises, expect_type, fail
 
 # Steps of a 20-step run where the report and the first check compare the schedule.
 REPORT_LR_STEPS = (0, 1, 5, 10, 19, 20)
@@ -39,8 +39,11 @@ def cosine_lr_matches_get_lr(impl):
     cases = [(s, 20, 5e-4) for s in REPORT_LR_STEPS] + [
         (0, 1, 1.0), (1, 1, 1.0), (3, 7, 1e-3), (333, 1000, 3e-4), (12, 12, 2.0)]
     for step, total, lr in cases:
-        expect_close(f"cosine_lr({step}, {total}, {lr})", impl.cosine_lr(step, total, lr),
-                     get_lr(step, total, lr), rtol=LR_RTOL)
+        value = impl.cosine_lr(step, total, lr)
+        expect_type(f"cosine_lr({step}, {total}, {lr})", value, float,
+                    detail="hint: return a Python float (math.cos, not torch.cos; no tensor): the loop writes it into "
+                           "optimizer.param_groups and the records")
+        expect_close(f"cosine_lr({step}, {total}, {lr})", value, get_lr(step, total, lr), rtol=LR_RTOL)
 
 
 @check("cosine_lr")
@@ -53,8 +56,9 @@ def cosine_lr_endpoints(impl):
 
 @check("cosine_lr", hidden=True)
 def cosine_lr_rejects_bad_arguments(impl):
-    """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument."""
-    for args, argument in [((0, 0, 1e-3), "total_steps"), ((0, -5, 1e-3), "total_steps"),
+    """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument (both bad:
+    total_steps, checked first)."""
+    for args, argument in [((0, 0, 1e-3), "total_steps"), ((0, -5, 1e-3), "total_steps"), ((-1, 0, 1e-3), "total_steps"),
                            ((-1, 10, 1e-3), "current_step"), ((11, 10, 1e-3), "current_step")]:
         expect_raises(f"cosine_lr{args}", lambda: impl.cosine_lr(*args), ValueError, argument,
                       ("current_step", "total_steps", "base_lr"))
@@ -92,6 +96,9 @@ def scale_loss_rejects_bad_k(impl):
 # --- should_step_optimizer -----------------------------------------------------------------
 
 
+BOOL_HINT = "hint: return a bool (a comparison), not the int 0 / 1 or a remainder"
+
+
 def optimizer_step_positions(impl, micro_steps: int, k: int) -> list[int]:
     return [s for s in range(1, micro_steps + 1) if impl.should_step_optimizer(s, k)]
 
@@ -107,8 +114,10 @@ def should_step_at_window_ends(impl):
     expect_equal("optimizer steps for micro-steps 1..10, K=3", optimizer_step_positions(impl, 10, 3), [3, 6, 9])
     expect_equal("optimizer steps for micro-steps 1..3, K=1 (no accumulation)",
                  optimizer_step_positions(impl, 3, 1), [1, 2, 3])
-    for step, k, expected in [(1, 4, False), (2, 4, False), (3, 4, False), (4, 4, True)]:
-        expect_equal(f"should_step_optimizer({step}, {k})", bool(impl.should_step_optimizer(step, k)), expected)
+    for step, k, expected in [(1, 4, False), (2, 4, False), (3, 4, False), (4, 4, True), (5, 1, True)]:
+        value = impl.should_step_optimizer(step, k)
+        expect_type(f"should_step_optimizer({step}, {k})", value, bool, detail=BOOL_HINT)
+        expect_equal(f"should_step_optimizer({step}, {k})", value, expected)
 
 
 @check("should_step_optimizer", hidden=True)
@@ -143,7 +152,9 @@ def should_flush_only_a_partial_window(impl):
              # a resume at start_step == last_step ran nothing: no flush even though last % K != 0
              ((5, 5, 4), False), ((6, 6, 4), False)]
     for args, expected in cases:
-        actual = bool(impl.should_flush_tail(*args))
+        actual = impl.should_flush_tail(*args)
+        expect_type(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})", actual, bool,
+                    detail=BOOL_HINT)
         if actual != expected:
             fail(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})", actual, expected,
                  f"hint: {flush_rule(*args, expected)}")
@@ -153,6 +164,7 @@ def should_flush_only_a_partial_window(impl):
 def should_flush_rejects_bad_arguments(impl):
     """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError naming it."""
     for args, argument in [((10, 0, 0), "accumulation_steps"), ((10, 0, -4), "accumulation_steps"),
-                           ((3, 5, 4), "last_step"), ((3, -1, 4), "start_step"), ((-2, -1, 4), "start_step")]:
+                           ((3, 5, 4), "last_step"), ((3, -1, 4), "start_step"), ((-2, -1, 4), "start_step"),
+                           ((3, 5, 0), "accumulation_steps"), ((-2, -1, 0), "accumulation_steps")]:
         expect_raises(f"should_flush_tail{args}", lambda: impl.should_flush_tail(*args), ValueError, argument,
                       ("last_step", "start_step", "accumulation_steps"))

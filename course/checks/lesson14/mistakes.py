@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..catalogue import equivalent, mistake
 from ..student_tests import COMPARE_EVERY_PARAMETER, assert_gradients, weak_comparisons
-from .checks import (cosine_lr_matches_get_lr, scale_loss_divides_by_k, should_flush_only_a_partial_window,
+from .checks import (cosine_lr_matches_get_lr, cosine_lr_rejects_bad_arguments, scale_loss_divides_by_k, should_flush_only_a_partial_window,
                      should_flush_rejects_bad_arguments, should_step_at_window_ends, should_step_rejects_bad_arguments)
 from .extensions import (accumulation_divisor_gives_the_tail_its_mean_gradient, accumulation_divisor_is_k_then_r,
                          accumulation_divisor_rejects_bad_arguments, adamw_param_groups_exempt_norms_and_embeddings,
@@ -12,12 +12,37 @@ from .extensions import (accumulation_divisor_gives_the_tail_its_mean_gradient, 
                          lr_per_update_rejects_bad_arguments, update_cadence_counts_updates,
                          update_cadence_rejects_bad_arguments, warmup_cosine_lr_ramps_then_follows_get_lr,
                          warmup_schedule_rejects_bad_arguments)
-from .loop import (train_one_epoch_accepts_boundary_arguments, train_one_epoch_clears_gradients_to_none,
-                   train_one_epoch_marks_the_tail_flush, train_one_epoch_matches_oracle_amp,
-                   train_one_epoch_matches_oracle_fp32, train_one_epoch_rejects_bad_arguments,
+from .loop import (train_one_epoch_clears_gradients_to_none, train_one_epoch_marks_the_tail_flush,
+                   train_one_epoch_matches_oracle_amp, train_one_epoch_matches_oracle_fp32,
                    train_one_epoch_returns_nothing_for_an_empty_epoch, train_one_epoch_scaler_none_is_disabled,
                    train_one_epoch_sets_lr_in_every_param_group, train_one_epoch_syncs_once_per_epoch)
+from .loop_arguments import train_one_epoch_accepts_boundary_arguments, train_one_epoch_rejects_bad_arguments
 from .test_writing import accumulation_test_passes_correct_and_fails_wrong
+
+# The loop body from the lr write to the records' lr: as in the reference, and with the lr written only right
+# before a window's update (two catalogued mistakes start from it).
+LOOP_LR_EVERY_MICRO_STEP = (
+        '        for group in optimizer.param_groups:\n            group["lr"] = lr\n        with autocast_ctx:\n'
+        '            out = model(input_ids, labels=labels)\n            loss = out.loss + out.aux_loss\n'
+        '            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)\n'
+        '        scaler.scale(scaled_loss).backward()\n        if should_step_optimizer(step, accumulation_steps):\n'
+        '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
+        '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
+        '        lrs.append(optimizer.param_groups[-1]["lr"])')
+LOOP_LR_AT_UPDATES_ONLY = (
+        '        with autocast_ctx:\n'
+        '            out = model(input_ids, labels=labels)\n            loss = out.loss + out.aux_loss\n'
+        '            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)\n'
+        '        scaler.scale(scaled_loss).backward()\n        if should_step_optimizer(step, accumulation_steps):\n'
+        '            for group in optimizer.param_groups:\n                group["lr"] = lr\n'
+        '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
+        '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
+        '        lrs.append(lr)')
+# From the records' lr to the tail flush's update, unchanged by both.
+LOOP_END_TO_TAIL_FLUSH = (
+        '  # what the optimizer really holds, as upstream logs it\n        losses.append(loss.detach())\n'
+        '        aux_losses.append(out.aux_loss.detach())\n\n    tail_step = None\n'
+        '    if should_flush_tail(last_step, start_step, accumulation_steps):\n        tail_step = last_step\n')
 
 MISTAKES = [
     mistake("off_by_one_step", "steps when (step + 1) % K == 0 (upstream before PR #698, issue #691)",
@@ -135,21 +160,7 @@ MISTAKES = [
         train_one_epoch_syncs_once_per_epoch),
     mistake("stale_lr_in_tail_flush", "records the lr it computes but writes it into the optimizer only where a "
         "window closes: the tail flush steps with the last boundary's lr", "train_one_epoch",
-        '        for group in optimizer.param_groups:\n            group["lr"] = lr\n        with autocast_ctx:\n'
-        '            out = model(input_ids, labels=labels)\n            loss = out.loss + out.aux_loss\n'
-        '            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)\n'
-        '        scaler.scale(scaled_loss).backward()\n        if should_step_optimizer(step, accumulation_steps):\n'
-        '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
-        '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
-        '        lrs.append(optimizer.param_groups[-1]["lr"])',
-        '        with autocast_ctx:\n'
-        '            out = model(input_ids, labels=labels)\n            loss = out.loss + out.aux_loss\n'
-        '            scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)\n'
-        '        scaler.scale(scaled_loss).backward()\n        if should_step_optimizer(step, accumulation_steps):\n'
-        '            for group in optimizer.param_groups:\n                group["lr"] = lr\n'
-        '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
-        '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
-        '        lrs.append(lr)', train_one_epoch_matches_oracle_fp32),
+        LOOP_LR_EVERY_MICRO_STEP, LOOP_LR_AT_UPDATES_ONLY, train_one_epoch_matches_oracle_fp32),
     mistake("aux_not_in_backward", "records out.loss + out.aux_loss but backpropagates out.loss / K only",
         "train_one_epoch", "scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)",
         "scaled_loss = scale_loss_for_accumulation(out.loss, accumulation_steps)", train_one_epoch_matches_oracle_fp32),
@@ -251,6 +262,48 @@ MISTAKES = [
     mistake("warmup_may_fill_the_run", "warmup_steps == total_steps accepted: no step left for the cosine",
         "warmup_cosine_lr", "if not 0 <= warmup_steps < total_steps:", "if not 0 <= warmup_steps <= total_steps:",
         warmup_schedule_rejects_bad_arguments),
+    # rules that no single-bug scenario showed: the optimizer's lr between updates, any iterable, the argument
+    # order when two are bad, the return types
+    mistake("lr_written_only_before_updates", "writes each micro-step's lr into the param groups only right before "
+        "an update (window ends and the tail flush); the records carry the computed lr and the weights move the same",
+        "train_one_epoch", LOOP_LR_EVERY_MICRO_STEP + LOOP_END_TO_TAIL_FLUSH,
+        LOOP_LR_AT_UPDATES_ONLY + LOOP_END_TO_TAIL_FLUSH
+        + '        for group in optimizer.param_groups:\n            group["lr"] = lr\n',
+        train_one_epoch_matches_oracle_fp32),
+    mistake("flush_from_loader_length", "decides the tail flush from start_step + len(loader): a generator has no "
+        "length", "train_one_epoch", "if should_flush_tail(last_step, start_step, accumulation_steps):",
+        "if should_flush_tail(start_step + len(loader), start_step, accumulation_steps):",
+        train_one_epoch_matches_oracle_fp32),
+    mistake("iters_checked_before_k", "checks iters before accumulation_steps: with both bad, iters is named",
+        "train_one_epoch",
+        '    if accumulation_steps <= 0:\n        raise ValueError(f"accumulation_steps must be >= 1, got '
+        '{accumulation_steps}")\n    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n',
+        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n    if accumulation_steps <= 0:'
+        '\n        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")\n',
+        train_one_epoch_rejects_bad_arguments),
+    mistake("cosine_checks_step_first", "checks current_step before total_steps: (-1, 0) names current_step",
+        "cosine_lr",
+        '    if total_steps <= 0:\n        raise ValueError(f"total_steps must be > 0, got {total_steps}")\n'
+        '    if not 0 <= current_step <= total_steps:\n        raise ValueError(f"current_step must be in [0, '
+        'total_steps={total_steps}], got {current_step}")\n',
+        '    if not 0 <= current_step <= total_steps:\n        raise ValueError(f"current_step must be in [0, '
+        'total_steps={total_steps}], got {current_step}")\n'
+        '    if total_steps <= 0:\n        raise ValueError(f"total_steps must be > 0, got {total_steps}")\n',
+        cosine_lr_rejects_bad_arguments),
+    mistake("cosine_returns_tensor", "returns a float64 0-dim tensor: equal to the float, but not one",
+        "cosine_lr", "return base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
+        "return torch.tensor(base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps))), "
+        "dtype=torch.float64)", cosine_lr_matches_get_lr),
+    mistake("step_returns_int", "returns int(...): 0 / 1 instead of a bool",
+        "should_step_optimizer", "return step % accumulation_steps == 0", "return int(step % accumulation_steps == 0)",
+        should_step_at_window_ends),
+    mistake("flush_returns_int", "returns int(...): 0 / 1 instead of a bool",
+        "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
+        "return int(last_step > start_step and last_step % accumulation_steps != 0)",
+        should_flush_only_a_partial_window),
+    mistake("records_loss_tensors", "keeps the losses as 0-dim tensors in the records instead of Python floats",
+        "train_one_epoch", "loss_values = torch.stack(losses).float().tolist()",
+        "loss_values = list(torch.stack(losses).float())", train_one_epoch_matches_oracle_fp32),
 ]
 
 EQUIVALENTS = [
