@@ -3,42 +3,26 @@ lesson texts must be what the lab prints now, and its update positions and rates
 rules the lesson states (s mod K, the tail flush, the cosine formula), computed here independently."""
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import re
 
 import pytest
+from prediction_labs import assert_shows_the_printout, lab_command, lesson_texts, prediction_lab, printout
 
-from course.implementations import REPO_ROOT, load_module
 
-LAB = load_module(REPO_ROOT / "labs" / "lesson14_predictions.py", "predictions_lab")
-COMMAND = "python labs/lesson14_predictions.py"
-LESSONS = [REPO_ROOT / "course" / "lessons" / "14_lr_grad_accum_amp.md",
-           REPO_ROOT / "course" / "lessons" / "zh" / "14_lr_grad_accum_amp.md"]
+LAB = prediction_lab("14")
+COMMAND = lab_command("14")
+LESSONS = lesson_texts("14")
 
 
 @pytest.fixture(scope="module")
 def lab_output() -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        LAB.main()
-    return out.getvalue()
-
-
-def printed_output(lesson) -> str:
-    """The ```text block that follows the lab's ```bash command in ``lesson``."""
-    text = lesson.read_text(encoding="utf-8")
-    after = text[text.index(f"```bash\n{COMMAND}\n```"):]
-    start = after.index("```text\n") + len("```text\n")
-    return after[start:after.index("```", start)]
+    return printout(LAB)
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
 def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
-    assert printed_output(lesson) == lab_output, (
-        f"{lesson.relative_to(REPO_ROOT)} §6.5 is stale\n  ACTUAL (lab):\n{lab_output}\n  EXPECTED (lesson):\n"
-        f"{printed_output(lesson)}")
+    assert_shows_the_printout(lesson, COMMAND, lab_output, "§6.5")
 
 
 def cosine(s: int, total: int, base_lr: float = 5e-4) -> float:

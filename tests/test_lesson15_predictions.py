@@ -4,42 +4,26 @@ lesson texts must be what the lab prints now, and its answers must follow from t
 fp16's 11 significant bits, the atomic save), computed here independently."""
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import re
 
 import pytest
+from prediction_labs import assert_shows_the_printout, lab_command, lesson_texts, prediction_lab, printout
 
-from course.implementations import REPO_ROOT, load_module
 
-LAB = load_module(REPO_ROOT / "labs" / "lesson15_predictions.py", "lesson15_predictions_lab")
-COMMAND = "python labs/lesson15_predictions.py"
-LESSONS = [REPO_ROOT / "course" / "lessons" / "15_checkpoint_resume.md",
-           REPO_ROOT / "course" / "lessons" / "zh" / "15_checkpoint_resume.md"]
+LAB = prediction_lab("15")
+COMMAND = lab_command("15")
+LESSONS = lesson_texts("15")
 
 
 @pytest.fixture(scope="module")
 def lab_output() -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        LAB.main()
-    return out.getvalue()
-
-
-def printed_output(lesson) -> str:
-    """The ```text block that follows the lab's ```bash command in ``lesson``."""
-    text = lesson.read_text(encoding="utf-8")
-    after = text[text.index(f"```bash\n{COMMAND}\n```"):]
-    start = after.index("```text\n") + len("```text\n")
-    return after[start:after.index("```", start)]
+    return printout(LAB)
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
 def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
-    assert printed_output(lesson) == lab_output, (
-        f"{lesson.relative_to(REPO_ROOT)} §6.5 is stale\n  ACTUAL (lab):\n{lab_output}\n  EXPECTED (lesson):\n"
-        f"{printed_output(lesson)}")
+    assert_shows_the_printout(lesson, COMMAND, lab_output, "§6.5")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)

@@ -4,42 +4,26 @@ lesson texts must be what the lab prints now, and its numbers must follow from t
 last update boundary or at the next epoch, a skipped update advances nothing), computed here independently."""
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 
 import pytest
+from prediction_labs import assert_shows_the_printout, lab_command, lesson_texts, prediction_lab, printout
 
-from course.implementations import REPO_ROOT, load_module
 from course.runs import masked_micro_batches
 
-LAB = load_module(REPO_ROOT / "labs" / "lesson16_predictions.py", "lesson16_predictions_lab")
-COMMAND = "python labs/lesson16_predictions.py"
-LESSONS = [REPO_ROOT / "course" / "lessons" / "16_token_weighted_training_session.md",
-           REPO_ROOT / "course" / "lessons" / "zh" / "16_token_weighted_training_session.md"]
+LAB = prediction_lab("16")
+COMMAND = lab_command("16")
+LESSONS = lesson_texts("16")
 
 
 @pytest.fixture(scope="module")
 def lab_output() -> str:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        LAB.main()
-    return out.getvalue()
-
-
-def printed_output(lesson) -> str:
-    """The ```text block that follows the lab's ```bash command in ``lesson``."""
-    text = lesson.read_text(encoding="utf-8")
-    after = text[text.index(f"```bash\n{COMMAND}\n```"):]
-    start = after.index("```text\n") + len("```text\n")
-    return after[start:after.index("```", start)]
+    return printout(LAB)
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
 def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
-    assert printed_output(lesson) == lab_output, (
-        f"{lesson.relative_to(REPO_ROOT)} §6.1 is stale\n  ACTUAL (lab):\n{lab_output}\n  EXPECTED (lesson):\n"
-        f"{printed_output(lesson)}")
+    assert_shows_the_printout(lesson, COMMAND, lab_output, "§6.1")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)

@@ -1,0 +1,47 @@
+"""A lesson's "predict, then verify" lab: what it prints, and the printout a lesson text shows for it. The
+lessons' prediction tests (tests/test_lessonNN_predictions.py) compare the two and recompute the answers."""
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+from course.checks import get_lesson
+from course.implementations import REPO_ROOT, load_module
+
+
+def prediction_lab(lesson_id: str):
+    """The lesson's lab module, labs/lessonNN_predictions.py."""
+    return load_module(REPO_ROOT / "labs" / f"lesson{lesson_id}_predictions.py", f"lesson{lesson_id}_predictions_lab")
+
+
+def lab_command(lesson_id: str) -> str:
+    """The lab's command as the lessons show it."""
+    return f"python labs/lesson{lesson_id}_predictions.py"
+
+
+def printout(lab) -> str:
+    """What the lab's main() prints, run in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        lab.main()
+    return out.getvalue()
+
+
+def lesson_texts(lesson_id: str) -> list[Path]:
+    files = get_lesson(lesson_id).files()
+    return [files["lesson text (en)"], files["lesson text (zh)"]]
+
+
+def printed_output(lesson: Path, command: str) -> str:
+    """The ```text block that follows the lab's ```bash command in ``lesson``."""
+    text = lesson.read_text(encoding="utf-8")
+    after = text[text.index(f"```bash\n{command}\n```"):]
+    start = after.index("```text\n") + len("```text\n")
+    return after[start:after.index("```", start)]
+
+
+def assert_shows_the_printout(lesson: Path, command: str, printout: str, section: str) -> None:
+    shown = printed_output(lesson, command)
+    assert shown == printout, (f"{lesson.relative_to(REPO_ROOT)} {section} is stale\n  ACTUAL (lab):\n{printout}\n"
+                               f"  EXPECTED (lesson):\n{shown}")
