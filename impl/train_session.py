@@ -111,8 +111,8 @@ class TrainingSession:
     * ``options.lr``, when given, is the lr of EVERY param group from this micro-step on; else the optimizer's
       own lr stays.
     * Hooks: ``before_update()`` runs once per update at its boundary, with the update's gradients in
-      ``.grad``, before the parameters change; returning True aborts the update (no step, its gradients
-      dropped, report ``aborted=True``). ``after_update()`` runs once after an optimizer step that happened
+      ``.grad``, before unscale and the optimizer step (with an enabled GradScaler it sees them still scaled);
+      returning True aborts the update (no step, its gradients dropped, report ``aborted=True``). ``after_update()`` runs once after an optimizer step that happened
       (never on a skipped or aborted update) and sees the new parameters and the gradients still in place.
     * A skipped update (GradScaler overflow): parameters unchanged, ``optimizer_step`` does not advance, no
       ``after_update``. Every update that is not aborted goes through the GradScaler exactly once, skipped
@@ -141,7 +141,10 @@ class TrainingSession:
     * ``train_step``: ``options.normalization_units`` < 1, or different from the value the pending update
       started with -> ``ValueError`` naming ``normalization_units`` (1 is allowed); ``step_fn`` returning
       anything but a ``TrainingStepOutput`` -> ``TypeError`` naming ``TrainingStepOutput``;
-      ``gradient_units`` < 0 -> ``ValueError`` naming ``gradient_units``.
+      ``gradient_units`` < 0 -> ``ValueError`` naming ``gradient_units``. A rejected
+      ``normalization_units`` changes no lr (it is checked before ``options.lr`` is written). These are errors
+      inside ``train_step``: like any error, a rejected step_fn output invalidates the accumulation
+      (``AccumulationInvalidError`` until ``reset_accumulation()``).
     * ``load_state``: the saved state's or the session's ``microsteps_accumulated`` not 0 -> ``ValueError``
       naming ``microsteps_accumulated``, nothing changed.
     """

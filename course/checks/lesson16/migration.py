@@ -46,7 +46,14 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
     """A 'global' state comes back equal; unknown semantics or bad legacy values raise ValueError naming the key."""
     new = {"batch_size_semantics": GLOBAL_SEMANTICS, "global_batch_size": 8, "accum_steps": 4, "epoch": 0,
            "update_step_in_epoch": 3, "sample_position": 24}
-    expect_equal("migrate_train_state(global state)", impl.migrate_train_state(dict(new)), new)
+    state = dict(new)
+    result = impl.migrate_train_state(state)
+    expect_equal("migrate_train_state(global state)", result, new)
+    with rule("a global state comes back as an equal COPY: the caller's dict is never modified, not even "
+              "through the result"):
+        expect_equal("migrate_train_state(global state) is the input dict", result is state, False)
+        result["epoch"] = 7
+        expect_equal("the input state after the caller changed the result's epoch to 7", state, new)
     expect_raises("batch_size_semantics='micro'",
                   lambda: impl.migrate_train_state(dict(new, batch_size_semantics="micro")), ValueError,
                   "batch_size_semantics", arguments=LEGACY_KEYS)
@@ -84,6 +91,9 @@ def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
         fail(f"legacy epoch 0, step 27, micro-batch 6 x accum 4, 160 samples: {fields}", got, (1, 0, 0, 0, 24),
              "hint: 27 = ceil(160 / 6) is the epoch's last micro-step and the tail flush applied micro-steps 25-27; "
              "resuming at update 6 with 3 dropped trains samples 144-159 twice")
+    with rule('the migration_note of an epoch-end state says it resumes at the "start of the next epoch"'):
+        expect_equal('"start of the next epoch" in migration_note (epoch end)',
+                     "start of the next epoch" in str(migrated.get("migration_note")), True)
     mid = impl.migrate_train_state(dict(LEGACY_EPOCH_END, step=26))
     expect_equal("legacy step 26 of 27: (epoch, update_step_in_epoch, dropped_microsteps)",
                  (mid["epoch"], mid["update_step_in_epoch"], mid["dropped_microsteps"]), (0, 6, 2))

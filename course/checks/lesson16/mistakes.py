@@ -19,7 +19,8 @@ from .session_runtime import (session_accumulates_detached_loss_sums,
                               session_amp_scaler_overflow_and_unscale_before_clip, session_keeps_loss_sums_on_device,
                               session_scaler_growth_is_no_skip, session_skipped_update_calls_no_after_update,
                               session_uses_no_sync_before_the_last_microstep)
-from .session_updates import session_consecutive_updates_start_clean, session_k1_every_microstep_is_an_update
+from .session_updates import (session_consecutive_updates_start_clean, session_k1_every_microstep_is_an_update,
+                              session_weights_by_gradient_units)
 from .test_writing import token_weighted_test_passes_correct_and_fails_wrong
 
 MISTAKES = [
@@ -244,6 +245,40 @@ MISTAKES = [
         "test_token_weighted_matches_global_batch",
         "/ shifted_target_count(labels)).backward()", "/ int((labels != -100).sum())).backward()",
         token_weighted_test_passes_correct_and_fails_wrong),
+    mistake('before_update_after_unscale', 'runs before_update after scaler.unscale_(): the hook sees unscaled '
+        'gradients and, after an abort, the next update raises "unscale_() has already been called"',
+        "TrainingSession._close_update",
+        '        if options.before_update is not None and options.before_update():\n'
+        '            self.reset_accumulation()\n'
+        '            return TrainingStepReport(False, self.optimizer_step, microsteps, aborted=True)\n'
+        '        self.scaler.unscale_(self.optimizer)\n',
+        '        self.scaler.unscale_(self.optimizer)\n'
+        '        if options.before_update is not None and options.before_update():\n'
+        '            self.reset_accumulation()\n'
+        '            return TrainingStepReport(False, self.optimizer_step, microsteps, aborted=True)\n',
+        session_abort_discards_the_update),
+    mistake('weights_by_loss_units', 'backpropagates loss * loss_units / N instead of gradient_units / N',
+        "TrainingSession._train_step", 'weight = output.gradient_units / options.normalization_units',
+        'weight = output.loss_units / options.normalization_units',
+        session_weights_by_gradient_units),
+    mistake('lr_written_before_validation', 'writes options.lr before checking normalization_units: a rejected '
+        'call changes the lr',
+        "TrainingSession._train_step",
+        '        if options.normalization_units <= 0:',
+        '        if options.lr is not None:\n            for group in self.optimizer.param_groups:\n'
+        '                group["lr"] = options.lr\n        if options.normalization_units <= 0:',
+        session_rejects_zero_normalization_units),
+    mistake('global_state_returned_itself', 'returns the caller\'s dict itself for a global state, not a copy',
+        "migrate_train_state", '        return dict(state)\n', '        return state\n',
+        migrate_keeps_global_states_and_rejects_bad_ones),
+    mistake('epoch_end_note_silent', 'the migration note of an epoch end does not say "start of the next epoch"',
+        "migrate_train_state", ', the start of the next epoch")', ')")',
+        migrate_resumes_an_epoch_end_at_the_next_epoch),
+    mistake('rejected_output_keeps_accumulation', 'a rejected call (TypeError / ValueError, e.g. a bad step_fn '
+        'output) leaves the accumulation valid',
+        "TrainingSession.train_step", '        except BaseException:\n',
+        '        except (TypeError, ValueError):\n            raise\n        except BaseException:\n',
+        session_rejects_a_bad_step_output),
 ]
 
 EQUIVALENTS = [

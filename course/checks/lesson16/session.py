@@ -117,12 +117,13 @@ SESSION_ARGUMENTS = ("model", "optimizer", "accumulation_steps", "scaler", "auto
 
 @check("TrainingSession", hidden=True)
 def session_rejects_zero_normalization_units(impl):
-    """normalization_units 0 or -1 is an explicit ValueError, and nothing is updated; so is accumulation_steps < 1."""
-    session = new_session(impl, 1)
+    """normalization_units 0 or -1 is an explicit ValueError, and nothing is updated (the lr of every param
+    group included, though the call carries options.lr); so is accumulation_steps < 1."""
+    session = new_session(impl, 1, two_param_groups=True)
     before = params_of(session.model)
     batch = masked_micro_batches()[0]
     for units in (0, -1):
-        options = TrainingStepOptions(normalization_units=units, force_update=True)
+        options = TrainingStepOptions(lr=0.5, normalization_units=units, force_update=True)
         with rule("normalization_units (the update's valid targets) must be >= 1: 0 or a negative value "
                   "is a ValueError naming normalization_units, raised before anything is computed"):
             expect_raises(f"train_step(..., normalization_units={units})",
@@ -132,6 +133,9 @@ def session_rejects_zero_normalization_units(impl):
     expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
                          rtol=0.0, atol=0.0)
     expect_equal("optimizer_step after a rejected update", session.optimizer_step, 0)
+    with rule("a rejected call changes nothing: validate normalization_units before writing options.lr"):
+        expect_equal("lrs of the 2 param groups after rejected calls with options.lr=0.5",
+                     [g["lr"] for g in session.optimizer.param_groups], [0.1, 0.05])
     for k in (0, -2):
         expect_raises(f"TrainingSession(accumulation_steps={k})", lambda: new_session(impl, k), ValueError,
                       "accumulation_steps", arguments=SESSION_ARGUMENTS)
@@ -140,7 +144,8 @@ def session_rejects_zero_normalization_units(impl):
 @check("TrainingSession", hidden=True)
 def session_rejects_a_bad_step_output(impl):
     """step_fn must return a TrainingStepOutput (else TypeError naming it) with gradient_units >= 0 (else
-    ValueError naming gradient_units); 0 is a micro-batch without valid targets, accepted."""
+    ValueError naming gradient_units); 0 is a micro-batch without valid targets, accepted. A rejected output
+    is an error like any other: the accumulation is invalid until reset_accumulation()."""
     batch = masked_micro_batches()[0]
     bad_outputs = (("a bare loss tensor", lambda out: out.loss, TypeError, "TrainingStepOutput"),
                    ("gradient_units=-1", lambda out: TrainingStepOutput(out.loss, -1, out.loss_sum, out.loss_units),
@@ -154,6 +159,12 @@ def session_rejects_a_bad_step_output(impl):
                           lambda: session.train_step(batch, TrainingStepOptions(normalization_units=29),
                                                      lambda model, b: edit(token_weighted_step(model, b))), error, name)
         expect_equal(f"optimizer_step after a step_fn returned {what}", session.optimizer_step, 0)
+        with rule("a rejected step_fn output is an error inside train_step: it invalidates the accumulation "
+                  "(the next call raises AccumulationInvalidError until reset_accumulation())"):
+            expect_raises(f"train_step after a step_fn returned {what}",
+                          lambda: session.train_step(batch, TrainingStepOptions(normalization_units=29),
+                                                     token_weighted_step), AccumulationInvalidError,
+                          "reset_accumulation")
 
 
 @check("TrainingSession", hidden=True)
@@ -169,22 +180,33 @@ def session_rejects_an_optimizer_on_other_tensors(impl):
 
 @check("TrainingSession", hidden=True)
 def session_abort_discards_the_update(impl):
-    """before_update -> True: no step, parameters unchanged; the next update does not reuse those gradients."""
+    """before_update -> True: no step, parameters unchanged; the next update does not reuse those gradients.
+    With an enabled GradScaler (scale 2**10) before_update sees the gradients still scaled (it runs before
+    unscale_), and the update after an abort goes through the scaler normally."""
     batches = masked_micro_batches()
-    session = new_session(impl, 2)
-    before = params_of(session.model)
-    reports = run_update(session, batches[:2], before_update=lambda: True)
-    expect_equal("aborted update: (parameters_updated, aborted, optimizer_step)",
-                 (reports[-1].parameters_updated, reports[-1].aborted, session.optimizer_step), (False, True, 0))
-    expect_tensors_close("parameters after an aborted update", params_of(session.model), before,
-                         rtol=0.0, atol=0.0)
-    captured: dict = {}
-    run_update(session, batches[2:], before_update=capture_grads(session, captured))
-    expected, _, _ = global_batch_gradients(batches[2:])
-    with rule("a before_update abort drops the aborted update's gradients (and counters): the next "
-              "update starts clean"):
-        expect_tensors_close("gradient of the update after an abort (must not contain the aborted one)", captured,
-                             expected, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+    for scale in (1.0, 2.0 ** 10):
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale) if scale > 1 else None
+        session = new_session(impl, 2, scaler=scaler)
+        before, seen, captured = params_of(session.model), {}, {}
+        capture = capture_grads(session, seen)
+        reports = run_update(session, batches[:2], before_update=lambda: capture() or True)
+        expect_equal(f"aborted update (GradScaler scale {scale:g}): (parameters_updated, aborted, optimizer_step)",
+                     (reports[-1].parameters_updated, reports[-1].aborted, session.optimizer_step), (False, True, 0))
+        expect_tensors_close("parameters after an aborted update", params_of(session.model), before,
+                             rtol=0.0, atol=0.0)
+        with rule("before_update runs before unscale_ and the optimizer step: with an enabled GradScaler it "
+                  "sees the accumulated gradients still multiplied by the scale"):
+            expect_tensors_close(f"gradient seen by an aborting before_update / scale {scale:g}",
+                                 {n: g / scale for n, g in seen.items()}, global_batch_gradients(batches[:2])[0],
+                                 rtol=GRAD_RTOL, atol=GRAD_ATOL)
+        run_update(session, batches[2:], before_update=capture_grads(session, captured))
+        expected, _, _ = global_batch_gradients(batches[2:])
+        with rule("a before_update abort drops the aborted update's gradients (and counters): the next "
+                  "update starts clean"):
+            expect_tensors_close(f"gradient of the update after an abort / scale {scale:g} (must not contain "
+                                 "the aborted one)", {n: g / scale for n, g in captured.items()}, expected,
+                                 rtol=GRAD_RTOL, atol=GRAD_ATOL)
+        expect_equal("optimizer_step after the update that follows an abort", session.optimizer_step, 1)
 
 
 @check("TrainingSession", hidden=True)

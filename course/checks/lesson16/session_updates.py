@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from course.protocol.text import token_nll_sum, token_weighted_step
+from course.protocol.text import naive_mean_step, token_nll_sum, token_weighted_step
 from course.protocol.types import TrainingStepOptions
 from course.runs import (capture_grads, global_batch_gradients, grads_of, masked_micro_batches, new_session,
-                         params_of, session_model)
+                         params_of, run_update, session_model)
 
 from ..framework import CheckFailure, check, expect_close, expect_equal, expect_tensors_close, fail
 from .checks import GRAD_ATOL, GRAD_RTOL, rule
@@ -133,6 +133,27 @@ def session_k1_every_microstep_is_an_update(impl):
                                        captured, [batch], before)
         expect_sgd_step(f"K=1, update {i + 1}", session.model, before, grads, 0.1, 0.0)
         expect_equal(f"K=1, update {i + 1}: loss_units", reports[-1].loss_units, batch.loss_units)
+
+
+@check("TrainingSession", hidden=True)
+def session_weights_by_gradient_units(impl):
+    """A step_fn whose gradient_units is not its loss_units (naive_mean_step: the micro-batch MEAN counts as 1
+    unit, loss_units = its n_k valid targets), normalization_units = K: the update's gradient is the sum of
+    mean_k / K (the mean of micro-batch means), for K = 2 and 4."""
+    batches = masked_micro_batches()
+    for k in (2, 4):
+        session = new_session(impl, k)
+        before, captured = params_of(session.model), {}
+        run_update(session, batches[:k], units=k, step_fn=naive_mean_step,
+                   before_update=capture_grads(session, captured))
+        model = session_model(before)
+        for batch in batches[:k]:
+            (naive_mean_step(model, batch).loss / k).backward()
+        with rule("each micro-step backpropagates loss * gradient_units / normalization_units: gradient_units "
+                  "weighs the gradient, loss_units only counts targets for the reported loss"):
+            expect_tensors_close(f"gradient of a naive_mean_step update (K={k}, gradient_units 1, loss_units "
+                                 f"{[b.loss_units for b in batches[:k]]})", captured, grads_of(model),
+                                 rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 @check("TrainingSession", hidden=True)
