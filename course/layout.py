@@ -8,6 +8,7 @@ from typing import Sequence
 from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"   # the nbgrader course directory
+GRADER_DIR = REPO_ROOT / "course" / "checks"   # one package per lesson: lessonNN/
 
 # Roles of ``lesson_files`` that ``python -m course release`` generates: nobody writes them by hand.
 GENERATED_FILES = ("notebook source", "notebook release")
@@ -17,7 +18,7 @@ def lesson_files(lesson_id: str, slug: str, module: str, labs: Sequence[str] = (
     """Every file of a lesson, by role, as absolute paths: the one place a lesson's layout is spelled (the
     scaffold writes these before the lesson exists, the notebooks and the syllabus read them)."""
     name = f"{lesson_id}_{slug}"
-    package = REPO_ROOT / "course" / "checks" / f"lesson{lesson_id}"
+    package = GRADER_DIR / f"lesson{lesson_id}"
     return {
         "lesson text (en)": REPO_ROOT / "course" / "lessons" / f"{name}.md",
         "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / f"{name}.md",
@@ -34,3 +35,9 @@ def lesson_files(lesson_id: str, slug: str, module: str, labs: Sequence[str] = (
         "notebook release": NOTEBOOKS_DIR / "release" / name / f"{name}.ipynb",
         **{f"lab {lab}": REPO_ROOT / "labs" / lab for lab in labs},
     }
+
+
+def lesson_ids() -> list[str]:
+    """The lessons that have a grader package (``course/checks/lessonNN/``), in order, without importing them."""
+    return sorted(path.name[len("lesson"):] for path in GRADER_DIR.glob("lesson[0-9]*")
+                  if (path / "__init__.py").is_file())

@@ -1,10 +1,12 @@
-"""Lesson-14 numbers: the check command's time against its import floor, and the reference loop's cost
-relative to the oracle loop.
+"""The grader's numbers: each lesson's check command against the import floor (started with lesson 14, now every
+lesson), and lesson 14's reference loop's cost relative to the oracle loop.
 
     python labs/bench_lesson14_grader.py --repeats 5
+    python labs/bench_lesson14_grader.py --repeats 3 --lessons 15 16
 
 The floor is ``python -c "import torch, course.checks"``: what any grading run pays before a check
-starts. The goal is ``check 14 --impl reference`` at most 1.6 times that floor (medians, wall time).
+starts. The goal is ``check NN --impl reference`` at most 1.6 times that floor for every lesson (medians,
+wall time, the oracle cache warm: the first run of a new code version fills it).
 
 Timing belongs here, not in tests (a loaded CI machine must not fail a test for being slow).
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 from course.implementations import load_implementation
+from course.layout import lesson_ids
 from course.runs import LoopScenario, compute_oracle, run_impl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,17 +59,23 @@ def loop_ratio(repeats: int) -> tuple[float, float, float]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lessons", nargs="+", choices=lesson_ids(), default=lesson_ids(),
+                        help="lessons whose check command is timed (default: every lesson)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    floor, check = time_commands([[sys.executable, "-c", "import torch, course.checks"],
-                                  [sys.executable, "-m", "course", "check", "14", "--impl", "reference"]], args.repeats)
+    commands = [[sys.executable, "-c", "import torch, course.checks"]] + [
+        [sys.executable, "-m", "course", "check", lesson, "--impl", "reference"] for lesson in args.lessons]
+    for cmd in commands[1:]:   # fill the oracle cache: the goal is about a warm grader
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    floor, *checks = time_commands(commands, args.repeats)
     print(f'python -c "import torch, course.checks": median {statistics.median(floor):.2f} s '
           f"(min {min(floor):.2f}, max {max(floor):.2f}, n={len(floor)})")
-    print(f"python -m course check 14 --impl reference: median {statistics.median(check):.2f} s "
-          f"(min {min(check):.2f}, max {max(check):.2f}, n={len(check)})")
-    print(f"check / import floor: {statistics.median(check) / statistics.median(floor):.2f} (goal <= 1.6)")
+    for lesson, check in zip(args.lessons, checks):
+        print(f"python -m course check {lesson} --impl reference: median {statistics.median(check):.2f} s "
+              f"(min {min(check):.2f}, max {max(check):.2f}, n={len(check)}); "
+              f"/ import floor: {statistics.median(check) / statistics.median(floor):.2f} (goal <= 1.6)")
     oracle_s, ref_s, ratio = loop_ratio(args.repeats)
     print(f"40 micro-steps, batch 4 x 64 tokens: oracle train_epoch {oracle_s:.3f} s, "
           f"reference train_one_epoch {ref_s:.3f} s, ratio {ratio:.3f}")
