@@ -296,6 +296,8 @@ def test_stage_assembly_creates_out_dir_for_any_save_checkpoint(tmp_path, capsys
     ("ignores_extra_model_keys", "model keys, shapes and dtypes"),
     ("optimizer_state_shapes_unchecked", "state shapes (name optimizer)"),
     ("optimizer_group_count_unchecked", "the optimizer's groups"),
+    ("optimizer_groups_compared_pairwise", "the optimizer's groups"),
+    ("checks_only_the_model_key", "each of the six keys"),
     ("accepts_an_empty_optimizer_entry", "validate everything before the first load_state_dict"),
     ("optimizer_shapes_checked_for_matrices_only", "state shapes (name optimizer)"),
     ("config_compared_by_shapes_only", "the whole model_config"),

@@ -169,9 +169,25 @@ def foreign_optimizer_states(model, saved: dict):
            {"state": {i: v for i, v in saved["state"].items() if i != group["params"][-1]},
             "param_groups": [dict(group, params=group["params"][:-1])]})
     yield "an empty optimizer entry", {}
+    yield ("the AdamW state plus a second param group holding no parameters (same parameter count, 2 groups)",
+           dict(saved, param_groups=[group, dict(group, params=[])]))
     first, second = group["params"][6:8]  # k_norm (6,) and input_layernorm (48,): 1-D, another length
     yield ("AdamW moments of parameters 6 and 7 swapped (another parameter order)",
            dict(saved, state={**saved["state"], first: saved["state"][second], second: saved["state"][first]}))
+
+
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule("each of the six keys (model, optimizer, scaler, epoch, step, world_size) is required: a good checkpoint lacking any one is a ValueError naming the path and that key, before anything is loaded")
+def load_checkpoint_rejects_a_missing_key(impl):
+    """A good checkpoint without one of its six keys, each in turn, loaded with model, optimizer and scaler:
+    ValueError naming the path and the missing key, nothing loaded (not a KeyError from a later lookup)."""
+    with good_checkpoint(impl) as (_, target, tmp, good):
+        saved = torch.load(good, weights_only=True)
+        for key in CHECKPOINT_KEYS:
+            lacking = Path(tmp) / f"without_{key}.pth"
+            torch.save({k: v for k, v in saved.items() if k != key}, lacking)
+            expect_refused(impl, f"load_checkpoint of a checkpoint without its {key!r} entry", lacking, target,
+                           ValueError, [str(lacking), key])
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))

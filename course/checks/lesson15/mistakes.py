@@ -6,7 +6,7 @@ from ..catalogue import equivalent, mistake
 from .checks import (skip_batch_sampler_follows_a_reshuffled_sampler, skip_batch_sampler_matches_upstream,
                      skip_batch_sampler_rejects_bad_arguments)
 from .loading import (load_checkpoint_reads_a_file_from_another_device, load_checkpoint_rejects_a_disabled_scaler_state,
-                      load_checkpoint_restores_everything,
+                      load_checkpoint_rejects_a_missing_key, load_checkpoint_restores_everything,
                       load_checkpoint_rejects_another_config_with_the_same_shapes, load_checkpoint_rejects_bad_counters,
                       load_checkpoint_rejects_foreign_checkpoints, load_checkpoint_rejects_unreadable_files,
                       load_checkpoint_rescales_step_for_world_size)
@@ -178,6 +178,16 @@ MISTAKES = [
     mistake("optimizer_shapes_checked_for_matrices_only", "compares state shapes of 2-D parameters only: swapped "
         "norm moments pass", "_validate_optimizer_state", "value.dim() > 0", "value.dim() > 1",
         load_checkpoint_rejects_foreign_checkpoints),
+    mistake("checks_only_the_model_key", "requires the model key only: a file without optimizer, scaler or a counter "
+        "fails later with a KeyError naming no path", "load_checkpoint",
+        "missing = [k for k in REQUIRED_KEYS if k not in checkpoint]",
+        'missing = [k for k in ("model",) if k not in checkpoint]', load_checkpoint_rejects_a_missing_key),
+    mistake("optimizer_groups_compared_pairwise", "compares the parameter count per zipped group and in total, not "
+        "the number of groups: an extra empty group passes, torch raises after the model changed",
+        "_validate_optimizer_state",
+        'if len(state["param_groups"]) != len(optimizer.param_groups) or len(saved_ids) != len(params):',
+        'if len(saved_ids) != len(params) or any(len(s["params"]) != len(g["params"]) for s, g in zip('
+        'state["param_groups"], optimizer.param_groups)):', load_checkpoint_rejects_foreign_checkpoints),
 ]
 
 EQUIVALENTS = [
