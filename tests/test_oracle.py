@@ -163,8 +163,10 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
 
 
 def test_get_lr_matches_upstream_reference_values():
-    """Values of upstream's formula lr * (0.1 + 0.45 * (1 + cos(pi * s / T))), worked by hand (5 significant digits)."""
-    for step, total, ratio in [(0, 20, 1.0), (1, 20, 0.99446), (10, 20, 0.55), (20, 20, 0.1)]:
+    """Values of upstream's formula lr * (0.1 + 0.45 * (1 + cos(pi * s / T))), worked by hand (5 significant digits);
+    lesson 14 §1.2's table shows those of s = 0, 5, 10, 15, 20."""
+    for step, total, ratio in [(0, 20, 1.0), (1, 20, 0.99446), (5, 20, 0.86820), (10, 20, 0.55), (15, 20, 0.23180),
+                               (20, 20, 0.1)]:
         expect_close(f"get_lr({step}, {total}, 1.0)", get_lr(step, total, 1.0), ratio, rtol=1e-5)
 
 
