@@ -224,10 +224,11 @@ def test_stage_assembly_on_stubs_says_todo_for_lesson_15(tmp_path):
 
 
 def test_resume_checkpoint_of_the_default_config_is_small(tmp_path):
-    """The default tiny config (hidden 48, 2 layers, vocab 6400): fp32 weights + 2 AdamW moments, under 5 MB."""
-    args = train_pretrain_impl.parse_args([])
+    """The default tiny config (hidden 48, 2 layers, vocab 6400; the stage assembly's --preset tiny, lessons 14-16's
+    run): fp32 weights + 2 AdamW moments, under 5 MB."""
+    args = train_pretrain_impl.parse_args(["--preset", "tiny"])
     scenario = LoopScenario("default tiny config")
-    expect_equal("stage assembly (hidden_size, num_hidden_layers) vs the checks' default tiny config",
+    expect_equal("stage assembly --preset tiny (hidden_size, num_hidden_layers) vs the checks' default tiny config",
                  (args.hidden_size, args.num_hidden_layers), (scenario.hidden_size, scenario.num_hidden_layers))
     model, optimizer, scaler, _ = build_training(args)
     model(torch.ones(1, 4, dtype=torch.long), labels=torch.ones(1, 4, dtype=torch.long)).loss.backward()
