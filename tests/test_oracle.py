@@ -14,7 +14,7 @@ from course.implementations import load_implementation
 from course.minimind import (ByteTokenizer, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS,
                              get_lr, read_jsonl_texts, setup_seed)
 from course.runs import compute_oracle, run_impl, run_oracle
-from course.runs.loop import oracle_cache_path
+from course.runs.loop import oracle_cache_path, oracle_run_at
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_FP32_SCENARIOS
 
 TINY = dict(hidden_size=64, num_hidden_layers=2)
@@ -235,7 +235,9 @@ def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
     thread count is another entry; a damaged entry is recomputed; ``off`` keeps nothing."""
     monkeypatch.setenv("MINIMIND_COURSE_CACHE", str(tmp_path))
     scenario = LOOP_FP32_SCENARIOS[0].with_(name="disk cache test", epochs=1)
-    uncached = run_oracle.__wrapped__   # the disk layer without the in-process memo
+    def uncached(scenario):   # the disk layer without the in-process memo
+        return oracle_run_at.__wrapped__(scenario, torch.get_num_threads())
+
     first = uncached(scenario)
     path = oracle_cache_path(scenario)
     assert path.is_file() and path.parent.parent == tmp_path, f"no cache entry at {path}"
@@ -257,6 +259,21 @@ def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
     assert not stale.exists(), "writing an entry removes the entries of other code versions"
     monkeypatch.setenv("MINIMIND_COURSE_CACHE", "off")
     assert oracle_cache_path(scenario) is None
+
+
+def test_the_in_process_memo_follows_the_thread_count():
+    """A process that changes its thread count between two runs (a lab's main() run in-process does) must not get
+    the other count's result back from memory: the reference, run at the new count, would differ in the last bits."""
+    scenario = LOOP_FP32_SCENARIOS[1]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = run_oracle(scenario)
+        torch.set_num_threads(1)
+        one = run_oracle(scenario)
+        assert one is not two and run_oracle(scenario) is one, "run_oracle's memo must be keyed by the thread count"
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_cache_key_follows_the_thread_count_the_course_sets(tmp_path, monkeypatch):

@@ -238,12 +238,17 @@ def _unpacked(packed: dict) -> RunResult:
     return RunResult(packed["records"], params, optimizer_state, packed["scale"])
 
 
-@functools.lru_cache(maxsize=32)
 def run_oracle(scenario: LoopScenario) -> RunResult:
     """``compute_oracle``, cached in memory and on disk: graders run the same scenarios again and again.
 
-    A file that cannot be read is recomputed; a cache folder that cannot be written is skipped.
+    Both caches are keyed by the thread count in use (CPU results depend on it, and a process may change it
+    between two runs). A file that cannot be read is recomputed; a cache folder that cannot be written is skipped.
     """
+    return oracle_run_at(scenario, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=32)
+def oracle_run_at(scenario: LoopScenario, threads: int) -> RunResult:
     path = oracle_cache_path(scenario)
     if path is not None and path.is_file():
         try:
