@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses  # noqa: F401 - model.config is a dataclass
 import os  # noqa: F401 - os.replace, os.fsync
 import tempfile  # noqa: F401 - a temporary file next to the target
+from collections.abc import Sized  # noqa: F401 - what has a len()
 from pathlib import Path  # noqa: F401
 
 import torch  # noqa: F401

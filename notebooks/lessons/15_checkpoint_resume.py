@@ -26,6 +26,7 @@
 import dataclasses
 import os
 import tempfile
+from collections.abc import Sized
 from pathlib import Path
 from types import SimpleNamespace
 
