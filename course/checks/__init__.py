@@ -11,7 +11,7 @@ import importlib
 import pkgutil
 import re
 
-from .framework import FAIL, PASS, TODO, CheckFailure, Lesson, grade, run_check
+from .framework import FAIL, PASS, TODO, CheckFailure, Lesson, run_check
 
 LESSON_MODULE = re.compile(r"^lesson(\d+)$")
 
@@ -38,4 +38,4 @@ def get_lesson(lesson_id: str) -> Lesson:
     return LESSONS[lesson_id]
 
 
-__all__ = ["LESSONS", "get_lesson", "Lesson", "CheckFailure", "grade", "run_check", "PASS", "FAIL", "TODO"]
+__all__ = ["LESSONS", "get_lesson", "Lesson", "CheckFailure", "run_check", "PASS", "FAIL", "TODO"]

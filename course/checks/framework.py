@@ -178,10 +178,6 @@ def run_check(check: Check, module: ModuleType) -> CheckResult:
     return CheckResult(check.name, check.exercise, status, message, time.perf_counter() - start)
 
 
-def grade(lesson: Lesson, module: ModuleType, exercises: Optional[list[str]] = None) -> list[CheckResult]:
-    return [run_check(c, module) for c in lesson.checks if exercises is None or c.exercise in exercises]
-
-
 
 # --- comparisons with ACTUAL vs EXPECTED messages -------------------------------------------
 
