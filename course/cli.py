@@ -30,13 +30,15 @@ from .checks.assignments import NOTEBOOKS_DIR, release_all
 from .checks.catalogue import verify
 from .checks.framework import PASS, TODO
 from .checks.mutants import analyse, score_line, status_of
+from .checks.parallel import MAX_JOBS, default_jobs
 from .checks.results import SKIP, describe, grade_exercises
 from .implementations import REPO_ROOT
+from .runs.threads import positive_integer
 from .scaffold import new_lesson
 
 
 def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False,
-                 only: Optional[list[str]] = None) -> dict:
+                 only: Optional[list[str]] = None, jobs: int = 1) -> dict:
     """Grade one implementation; the dict is what ``--json`` prints and the table shows.
 
     ``passed`` / ``total`` count the graded core exercises only (they decide the exit code); optional
@@ -52,7 +54,7 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
                 "import_error": f"{type(exc).__name__}: {exc}", "exercises": [], "passed": 0,
                 "total": len([e for e in lesson.core_exercises if not only or e.name in only])}
     exercises = []
-    for result in grade_exercises(lesson, module, only, include_optional):
+    for result in grade_exercises(lesson, module, only, include_optional, jobs=jobs):
         problem = result.first_problem
         message = (f"optional: python -m course check {lesson_id} --all grades it" if result.status == SKIP
                    else describe(problem) if problem else "")
@@ -122,7 +124,7 @@ def cmd_check(args) -> int:
     try:
         only = only_exercises(args.lesson, args.only)
         for impl in impls:
-            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all, only))
+            reports.append(grade_lesson(args.lesson, impl, args.impl_dir, args.all, only, args.jobs))
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -290,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--only", action="append", metavar="EXERCISE",
                        help="grade only these exercises (repeat it or separate names by commas; an optional "
                             "exercise named here is graded, still never in the exit code)")
+    check.add_argument("--jobs", type=positive_integer, default=default_jobs(), metavar="N",
+                       help=f"worker processes sharing the checks out (default: this machine's cores, at most "
+                            f"{MAX_JOBS}; 1 runs them in this process)")
     check.set_defaults(func=cmd_check)
     hint = sub.add_parser("hint", help="show the next hint of an exercise (the idea, where to look, the rule, "
                                        "a near-solution)")

@@ -295,3 +295,30 @@ def test_cache_key_follows_the_thread_count_the_course_sets(tmp_path, monkeypatc
     expect_equal("(count yielded, count in use) inside cpu_threads(1), (2)", [keys[n][:2] for n in (1, 2)],
                  [(1, 1), (2, 2)])
     assert keys[1][2] != keys[2][2], f"one cache entry for 1 and 2 threads: {keys[1][2]}"
+
+
+def test_tiny_model_is_a_fresh_seeded_build_and_leaves_every_rng_where_building_does():
+    """tiny_model copies its first build: each call must equal building anew after setup_seed(42), down to
+    the RNG states a caller draws from next, and no two calls may share a tensor."""
+    import random
+
+    import numpy as np
+
+    from course.runs import LoopScenario, tiny_model
+    for scenario in (LoopScenario("dense"), LoopScenario("moe", use_moe=True),
+                     LoopScenario("small", hidden_size=32, num_hidden_layers=1)):
+        first = tiny_model(scenario)
+        with torch.no_grad():
+            next(first.parameters()).add_(1.0)   # a caller trains its copy
+        copied = tiny_model(scenario)
+        after_copy = (torch.rand(4), random.random(), np.random.rand())
+        setup_seed(42)
+        built = MiniMindForCausalLM(MiniMindConfig(hidden_size=scenario.hidden_size,
+                                                   num_hidden_layers=scenario.num_hidden_layers,
+                                                   use_moe=scenario.use_moe))
+        after_build = (torch.rand(4), random.random(), np.random.rand())
+        for (name, actual), expected in zip(copied.state_dict().items(), built.state_dict().values()):
+            assert torch.equal(actual, expected), f"{scenario.name}: {name} differs from a fresh build"
+        assert torch.equal(after_copy[0], after_build[0]) and after_copy[1:] == after_build[1:], (
+            f"{scenario.name}: RNG draws after tiny_model ACTUAL {after_copy} EXPECTED {after_build}")
+        assert copied.lm_head.weight is copied.model.embed_tokens.weight, "the tied weights must stay tied"

@@ -30,3 +30,62 @@ def test_weak_comparison_fails_with_its_cause(lesson_id, name):
     assert result.status == FAIL
     for expected in WHY[name]:
         assert expected in result.message, f"{name}: {expected!r} not in the message:\n{result.message}"
+
+
+def _gradients(model):
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+
+def _accumulation_inputs():
+    from course.runs import LoopScenario, tiny_batches, tiny_model
+    scenario = LoopScenario("replay", hidden_size=32, num_hidden_layers=1, max_length=16)
+    input_ids, labels = tiny_batches(4, scenario.max_length, 1, seed=3)[0]
+    return (lambda: tiny_model(scenario)), list(zip(input_ids.split(2), labels.split(2)))
+
+
+def test_a_replayed_accumulation_equals_running_it_and_reruns_on_any_other_input():
+    """The grader replays the correct accumulation for a test that calls it again on the same inputs: the
+    replay must leave bit-identical gradients and RNG state, and anything else must run for real."""
+    import torch
+
+    from course.checks.student_tests import Replayed
+
+    calls = []
+
+    def counted(model, micro_batches, k):   # divides by k whatever the micro-batch count, like a wrong one may
+        calls.append(k)
+        for input_ids, labels in micro_batches:
+            out = model(input_ids, labels=labels)
+            ((out.loss + out.aux_loss) / k).backward()
+
+    build, micro_batches = _accumulation_inputs()
+    replayed = Replayed(counted)
+    first = build()
+    replayed(first, micro_batches, 2)
+    rng_after_first = torch.get_rng_state()
+    expected = _gradients(first)
+
+    again = build()
+    replayed(again, micro_batches, 2)
+    assert len(calls) == 1, f"the same inputs ran {len(calls)} times, EXPECTED 1 (replayed)"
+    for actual, want in zip(_gradients(again), expected):
+        assert torch.equal(actual, want), "a replay must give the first call's gradients bit for bit"
+    assert torch.equal(torch.get_rng_state(), rng_after_first), "a replay must leave the RNG where running does"
+
+    other_weights = build()
+    with torch.no_grad():
+        next(other_weights.parameters()).mul_(1.5)
+    pending = build()
+    pending(*micro_batches[0]).logits.sum().backward()   # a gradient already there: grads add up in another order
+    hooked = build()
+    hooked.model.norm.weight.register_hook(lambda grad: grad * 2)
+    evaluating = build().eval()
+    for label, model, batches, k in [("other weights", other_weights, micro_batches, 2),
+                                     ("other micro-batches", build(), micro_batches[::-1], 2),
+                                     ("another K", build(), micro_batches, 3),
+                                     ("a pending gradient", pending, micro_batches, 2),
+                                     ("a gradient hook", hooked, micro_batches, 2),
+                                     ("eval mode", evaluating, micro_batches, 2)]:
+        before = len(calls)
+        replayed(model, batches, k)
+        assert len(calls) == before + 1, f"{label}: replayed, EXPECTED a real run"

@@ -37,6 +37,7 @@ class Check:
     doc: str = ""
     hidden: bool = False          # notebooks: graded in the exercise's hidden grade cell
     uses: tuple[str, ...] = ()    # other exercises the check calls (its grade cell follows them)
+    slow: bool = False            # one of the lesson's slowest: parallel grading starts it first
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,14 @@ class Exercise:
 CHECK_MARK = "course_check"   # the attribute ``check`` sets on a check function
 
 
-def check(exercise: str, *, hidden: bool = False, uses: tuple[str, ...] = ()):
+def check(exercise: str, *, hidden: bool = False, uses: tuple[str, ...] = (), slow: bool = False):
     """Decorator: mark ``fn`` as a check of ``exercise`` (its docstring explains it; ``hidden``: graded in
-    the notebook's hidden cell; ``uses``: other exercises it calls). The lesson's descriptor collects the
-    marked functions of its check modules with ``checks_in``."""
+    the notebook's hidden cell; ``uses``: other exercises it calls; ``slow``: one of the lesson's slowest,
+    started first when checks run in parallel). The lesson's descriptor collects the marked functions of its
+    check modules with ``checks_in``."""
     def mark(fn):
-        setattr(fn, CHECK_MARK, Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip(), hidden, tuple(uses)))
+        setattr(fn, CHECK_MARK, Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip(), hidden, tuple(uses),
+                                      slow))
         return fn
     return mark
 

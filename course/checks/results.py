@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Sequence
 
-from .framework import FAIL, PASS, TODO, CheckResult, Exercise, Lesson, run_check
+from .framework import FAIL, PASS, TODO, CheckResult, Exercise, Lesson
+from .parallel import run_checks
 
 SKIP = "SKIP"   # an optional extension this run did not grade
 
@@ -39,12 +40,14 @@ def describe(result: CheckResult) -> str:
 
 
 def grade_exercises(lesson: Lesson, module: ModuleType, only: Optional[Sequence[str]] = None,
-                    include_optional: bool = False, check_names: Optional[Sequence[str]] = None) -> list[ExerciseResult]:
+                    include_optional: bool = False, check_names: Optional[Sequence[str]] = None,
+                    jobs: int = 1) -> list[ExerciseResult]:
     """Run the lesson's checks on ``module`` and roll them up per exercise, in the lesson's order.
 
     ``only``: grade just these exercises (optional ones included when named). ``include_optional``: grade the
     optional extensions too; otherwise they come back SKIP, unrun. ``check_names``: run just these checks (a
-    notebook grade cell); only the exercises they belong to come back."""
+    notebook grade cell); only the exercises they belong to come back. ``jobs``: worker processes to share
+    the checks out to (``course.checks.parallel``; 1 runs them in-process)."""
     named = set(only or ())
     for name in named:
         lesson.exercise(name)   # a ValueError naming the lesson's exercises
@@ -53,7 +56,7 @@ def grade_exercises(lesson: Lesson, module: ModuleType, only: Optional[Sequence[
         if not check_names or any(name not in known for name in check_names):
             raise ValueError(f"check_names must be checks of lesson {lesson.lesson_id} {sorted(known)}, "
                              f"got {list(check_names)}")
-    results = []
+    graded = []   # (exercise, its checks to run, or None when it is skipped)
     for exercise in lesson.exercises:
         if named and exercise.name not in named:
             continue
@@ -61,9 +64,12 @@ def grade_exercises(lesson: Lesson, module: ModuleType, only: Optional[Sequence[
                   if c.exercise == exercise.name and (check_names is None or c.name in check_names)]
         if check_names is not None and not checks:
             continue
-        if exercise.optional and not (include_optional or named or check_names is not None):
-            results.append(ExerciseResult(exercise, SKIP, []))
-            continue
-        ran = [run_check(c, module) for c in checks]
-        results.append(ExerciseResult(exercise, exercise_status(ran), ran))
-    return results
+        skipped = exercise.optional and not (include_optional or named or check_names is not None)
+        graded.append((exercise, None if skipped else checks))
+    ran = iter(run_checks([c for _, checks in graded if checks for c in checks], module, jobs))
+    return [ExerciseResult(exercise, SKIP, []) if checks is None
+            else _rolled_up(exercise, [next(ran) for _ in checks]) for exercise, checks in graded]
+
+
+def _rolled_up(exercise: Exercise, results: list[CheckResult]) -> ExerciseResult:
+    return ExerciseResult(exercise, exercise_status(results), results)

@@ -9,10 +9,12 @@ can be compared record by record and parameter by parameter.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import io
 import os
+import random
 import shutil
 import tempfile
 from contextlib import nullcontext
@@ -21,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
 import torch
 
 from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig,
@@ -66,10 +69,23 @@ class RunResult:
 
 
 def tiny_model(scenario: LoopScenario) -> MiniMindForCausalLM:
+    """A freshly initialised model seeded with 42, as upstream builds one: the same weights on every call, and
+    every RNG left where building it leaves them. A copy of the first build of each size (initialising costs
+    ~10 times as much as copying, and the checks build hundreds)."""
+    pristine, rng_after_init = _first_build(scenario.hidden_size, scenario.num_hidden_layers, scenario.use_moe)
+    random.seed(42)
+    np.random.seed(42)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(42)
+    torch.set_rng_state(rng_after_init)   # setup_seed(42), then the init's draws from the CPU generator
+    return copy.deepcopy(pristine).to(scenario.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _first_build(hidden_size: int, num_hidden_layers: int, use_moe: bool) -> tuple[MiniMindForCausalLM, torch.Tensor]:
     setup_seed(42)
-    config = MiniMindConfig(hidden_size=scenario.hidden_size, num_hidden_layers=scenario.num_hidden_layers,
-                            use_moe=scenario.use_moe)
-    return MiniMindForCausalLM(config).to(scenario.device)
+    config = MiniMindConfig(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, use_moe=use_moe)
+    return MiniMindForCausalLM(config), torch.get_rng_state()
 
 
 @functools.lru_cache(maxsize=8)

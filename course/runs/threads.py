@@ -18,14 +18,14 @@ import torch
 TINY_MODEL_THREADS = 1
 
 
-def positive_threads(value: str) -> int:
+def positive_integer(value: str) -> int:
     if not value.isdigit() or int(value) < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
     return int(value)
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=positive_threads, default=None, metavar="N",
+    parser.add_argument("--threads", type=positive_integer, default=None, metavar="N",
                         help=f"CPU threads for torch (default: OMP_NUM_THREADS when set, else {TINY_MODEL_THREADS}: "
                              "the tiny models run fastest on one thread)")
 
@@ -34,7 +34,7 @@ def thread_count(requested: int | None = None) -> int:
     """``requested``, else OMP_NUM_THREADS's (first) count when set, else TINY_MODEL_THREADS."""
     if requested is None:
         omp = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-        requested = positive_threads(omp) if omp else TINY_MODEL_THREADS
+        requested = positive_integer(omp) if omp else TINY_MODEL_THREADS
     return requested
 
 

@@ -26,7 +26,7 @@ def resume_position_cases(impl):
                       ("iters", "step"))
 
 
-@check("resume_position", uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
+@check("resume_position", slow=True, uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
 @names_the_rule("an exact resume restores the model and the whole AdamW state (moments and step count), skips exactly the trained micro-batches and continues at resume_position's (epoch, step)")
 def exact_resume_fp32(impl):
     """Stop at an update boundary, save, load into fresh objects, finish: bitwise the uninterrupted run."""
