@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import warm_python
+
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- output of: (.+) -->$")
 # label before a number -> absolute tolerance ("loss:" also ends logits_loss: and aux_loss:); the one place
@@ -31,9 +33,14 @@ NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
 
 @functools.lru_cache(maxsize=None)
 def run_documented(command: str) -> subprocess.CompletedProcess:
-    """``command`` run from the repo root with ``bash -c`` (once per session: tests share the run)."""
+    """``command`` run from the repo root (once per session: tests share the run): a plain python command by
+    tests/warm_python.py, anything else with ``bash -c``."""
     env = dict(os.environ, MPLBACKEND="Agg", MINIMIND_COURSE_HINTS=str(HINTS_FILE))  # not the student's hints
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    python = warm_python.python_args(command)
+    if python is not None:
+        additions, args = python
+        return warm_python.run(args, cwd=ROOT, env={**env, **additions}, timeout=3600)
     return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
 
 
