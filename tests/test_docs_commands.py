@@ -19,7 +19,7 @@ from doc_runs import compare_shown, run_documented, shown_outputs
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "course" / "lessons"
 RUN_BY_CI = {"pip install -r requirements.txt": "python3 -m pip install",
-             "python -m pytest": "python3 -m pytest"}
+             "python -m pytest -n auto": "python3 -m pytest -n auto"}
 EXPECT = re.compile(r"\s+#\s*expect exit (\d+)\s*$")
 
 

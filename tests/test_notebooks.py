@@ -221,9 +221,11 @@ HANG_CELL = "import time\ntime.sleep(3600)  # a student's endless loop"
 RAISE_CELL = "raise RuntimeError('a student cell that crashes')"
 # The hanging and the crashing student cell cost a cell timeout each run: lesson 14 carries them.
 BROKEN_CELLS_IN = "14"
-# Core solved, extensions left as released, and (where the lesson has a test-writing exercise) that
-# test answered with one that asserts nothing: only the no-op test's cell may cost points.
-PARTIAL = "partial"
+# One submission carries every partial answer (executing a notebook is what the round costs): the lesson's
+# typical mistake, caught by one hidden cell; where the lesson has a test-writing exercise, that test answered
+# with one that asserts nothing, whose cell must score 0; the extensions left as released, which score nothing
+# either way; in lesson 14 also a cell that hangs and one that raises. Each loses points in its own cell.
+FLAWED = "flawed"
 
 
 @dataclass(frozen=True)
@@ -236,25 +238,23 @@ class GradingRound:
 def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, str]:
     """(student -> notebook, student -> expected points per grade cell, the mistake's failing cell)."""
     typical_mistake = next(m for m in lesson.mistakes if m.name == lesson.notebook_mistake)
+    no_op_test = next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None)
     broken_cells = [HANG_CELL, RAISE_CELL] if lesson.lesson_id == BROKEN_CELLS_IN else []
     release = read(release_path(lesson, course_dir))
     solved = read(source_path(lesson, course_dir))
-    mistaken = read(build_source(lesson, scratch / "mistake", reference_source=typical_mistake.source()))
+    flawed_source = typical_mistake.source()
+    if no_op_test is not None:
+        flawed_source = no_op_test.source(flawed_source)
+    flawed = read(build_source(lesson, scratch / FLAWED, reference_source=flawed_source))
     points = grade_cells(solved)
     # The lesson's notebook_mistake is caught by a hidden check only, so exactly one grade cell fails.
     failing = grade_cell_running(solved, typical_mistake.caught_by)
+    accepted_no_op = grade_cell_running(solved, no_op_test.caught_by) if no_op_test is not None else None
+    assert failing != accepted_no_op, "the mistake and the no-op test must lose points in different cells"
     students = {"reference": submission(release, solved), "untouched": release,
-                "mistake": submission(release, mistaken, broken_cells)}
+                FLAWED: unsolved_extensions(submission(release, flawed, broken_cells), release, lesson)}
     expected = {"reference": points, "untouched": {cell: 0 for cell in points},
-                "mistake": {cell: 0 if cell == failing else p for cell, p in points.items()}}
-    no_op_test = next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None)
-    if lesson.optional_exercises or no_op_test is not None:
-        answered = solved
-        if no_op_test is not None:
-            answered = read(build_source(lesson, scratch / NO_OP_TEST, reference_source=no_op_test.source()))
-        students[PARTIAL] = unsolved_extensions(submission(release, answered), release, lesson)
-        accepted_no_op = grade_cell_running(solved, no_op_test.caught_by) if no_op_test is not None else None
-        expected[PARTIAL] = {cell: 0 if cell == accepted_no_op else p for cell, p in points.items()}
+                FLAWED: {cell: 0 if cell in (failing, accepted_no_op) else p for cell, p in points.items()}}
     return students, expected, failing
 
 
@@ -302,11 +302,11 @@ def test_reference_submission_executes_top_to_bottom_and_draws_its_figures(lesso
 
 @pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
 def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, grading_round):
-    """Full marks, zero in every grade cell, and exactly one failing (hidden) cell for a submission with a
-    typical mistake; in lesson 14 that submission also has a cell that hangs and one that raises: grading
-    goes on past both (one execution covers both cases). The partial submission (extensions left as
-    released; a test-writing exercise answered with a test that asserts nothing) loses only that test's
-    cell. Each student gets feedback, and grades.csv holds every total."""
+    """Full marks for the reference, zero in every grade cell for the untouched release, and for the flawed
+    submission exactly the cells its flaws break: the typical mistake's (hidden) cell and, where the lesson
+    has a test-writing exercise, that of a test that asserts nothing; its extensions, left as released, fail
+    their check cells; in lesson 14 it also has a cell that hangs and one that raises, and grading goes on
+    past both. Each student gets feedback, and grades.csv holds every total."""
     from nbgrader.api import Gradebook
 
     expected = grading_round.expected[lesson.name]
@@ -328,14 +328,14 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, g
     want = {student: float(sum(cells.values())) for student, cells in expected.items()}
     assert exported == want, f"grades.csv totals\n  ACTUAL:   {exported}\n  EXPECTED: {want}"
     if lesson.optional_exercises:
-        graded_nb = read(autograded(grading_round, PARTIAL, lesson))
+        graded_nb = read(autograded(grading_round, FLAWED, lesson))
         failed = {c.metadata["nbgrader"]["grade_id"] for c in graded_nb.cells
                   if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("check_")
                   and any(o.output_type == "error" for o in c.get("outputs", []))}
         assert failed == {f"check_{e.name}" for e in lesson.optional_exercises}, (
             f"unsolved extensions' check cells should fail (and score nothing): {sorted(failed)}")
     if lesson.lesson_id == BROKEN_CELLS_IN:
-        broken = read(autograded(grading_round, "mistake", lesson))
+        broken = read(autograded(grading_round, FLAWED, lesson))
         errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
                   for c in broken.cells if c.cell_type == "code"}
         assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (

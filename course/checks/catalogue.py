@@ -12,7 +12,7 @@ import ast
 import difflib
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Optional
 
 from course.implementations import REFERENCE_DIR, module_from_source
 
@@ -59,8 +59,10 @@ class Mistake:
     lesson: str = ""
     module_file: str = ""
 
-    def source(self) -> str:
-        original = (REFERENCE_DIR / self.module_file).read_text(encoding="utf-8")
+    def source(self, original: Optional[str] = None) -> str:
+        """The reference file with the edit; ``original``: apply it to this text instead (another edit's)."""
+        if original is None:
+            original = (REFERENCE_DIR / self.module_file).read_text(encoding="utf-8")
         try:
             first, last = function_lines(original, self.function)
         except MistakeDoesNotApply as exc:
