@@ -85,6 +85,7 @@ def _runs_last_in_its_group(item) -> bool:
     return getattr(item, "callspec", None) is not None and item.callspec.params.get("command") == REWRITES_NOTEBOOKS
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     groups = {item.nodeid: _group(item) for item in items}
     for item in items:

@@ -5,13 +5,13 @@ A lesson's ```text block that starts with ``Lesson NN - student`` (untouched stu
 """
 from __future__ import annotations
 
+import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import warm_python
 from stub_copies import untouched_impl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,7 @@ def test_shown_table_is_the_cli_output(source, lesson_id, impl, block, tmp_path)
     # The student table is the untouched stubs' (the lesson says so), whatever impl/ holds now; the
     # copy's TODO messages are generic, so the rows and totals are compared, not the message lines.
     where = ["--impl-dir", str(untouched_impl(tmp_path / "impl"))] if impl == "student" else ["--impl", "reference"]
-    proc = subprocess.run([sys.executable, "-m", "course", "check", lesson_id, *where], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = warm_python.run(["-m", "course", "check", lesson_id, *where], cwd=ROOT, env=dict(os.environ), timeout=600)
     printed = proc.stdout.replace(f"Lesson {lesson_id} - {where[1]}", f"Lesson {lesson_id} - {impl}")
     if impl == "student":
         printed, block = (

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-import subprocess
-import sys
 import tracemalloc
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.utils.data import DataLoader
 
+import warm_python
 from course.checks.framework import expect_close, expect_equal
 from course.implementations import REPO_ROOT, load_module
 from course.input_errors import InputError, refusing_input_errors
@@ -153,8 +153,8 @@ def test_oracle_trainer_trains_with_the_bpe_tokenizer(bpe_dir, capsys):
 
 
 def test_trace_lab_runs_with_the_bpe_tokenizer(bpe_dir):
-    proc = subprocess.run([sys.executable, "labs/lesson14_trace_pretrain_step.py", "--tokenizer_path", str(bpe_dir)],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run(["labs/lesson14_trace_pretrain_step.py", "--tokenizer_path", str(bpe_dir)], cwd=REPO_ROOT,
+                           env=dict(os.environ), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"vocab={BPE_VOCAB}" in proc.stdout, proc.stdout
     loss = float(proc.stdout.split("\nloss=")[1].split()[0])
@@ -227,8 +227,8 @@ def test_a_bad_line_ends_each_entry_point_with_one_line(tmp_path, entry_point):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b'{"text": "ok"}\n\n{not json\n')
     command, flags = ENTRY_POINTS[entry_point]
-    proc = subprocess.run([sys.executable, *command, *flags, "--data_path", str(path)], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = warm_python.run([*command, *flags, "--data_path", str(path)], cwd=REPO_ROOT, env=dict(os.environ),
+                           timeout=300)
     expect_equal(f"{entry_point} exit code", proc.returncode, 2)
     expect_equal(f"{entry_point} stderr", proc.stderr.splitlines(),
                  [f"error: {path}:3: not valid JSON (Expecting property name enclosed in double quotes)"])
