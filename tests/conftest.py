@@ -78,6 +78,8 @@ def _group(item) -> str:
         return {MAIN_JOB: "main job", REWRITES_NOTEBOOKS: "notebooks"}.get(command, "documented commands")
     if item.path.name in ("test_notebooks.py", "test_lessons_complete.py"):
         return "notebooks"
+    if item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
+        return "main job"
     return item.path.name
 
 

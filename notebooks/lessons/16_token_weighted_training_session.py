@@ -32,7 +32,7 @@ import torch
 
 from course.checks.notebook import run_checks
 from course.experiments.figures import show_and_save
-from course.experiments.token_weighting import VARIANTS, compare, draw_comparison
+from course.experiments.token_weighting import VARIANTS, Setup, compare, draw_comparison
 from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
 from course.protocol.text import shifted_target_count, token_nll_sum
@@ -105,14 +105,14 @@ torch.set_num_threads(1)
 #
 # Padded tiny-corpus samples, sorted by length inside each global batch of 8 (K = 4), so the
 # micro-batches hold very different numbers of valid targets. Three copies of the tiny model train
-# 10 AdamW updates with **your** `TrainingSession`, `count_loss_units` and `split_global_batch`:
+# 5 AdamW updates with **your** `TrainingSession`, `count_loss_units` and `split_global_batch`:
 # one full-batch backward per update (the truth), your session with token weighting, and your session
 # fed lesson 14's `mean / K`. At each update both accumulated gradients are also measured at the
 # full-batch model's weights.
 
 # %% nbgrader={"grade": false, "grade_id": "plot_token_weighting", "locked": true, "schema_version": 3, "solution": false, "task": false}
 history = compare(SimpleNamespace(TrainingSession=TrainingSession, count_loss_units=count_loss_units,
-                                  split_global_batch=split_global_batch))
+                                  split_global_batch=split_global_batch), Setup(updates=5))   # the lab runs 10
 print(f"valid targets per micro-batch in update 1: {history['units'][0]}")
 for variant in VARIANTS[1:]:
     print(f"{variant:>15}: update 1 cosine = {history['cosine'][variant][0]:.4f}, max |grad diff| = "
