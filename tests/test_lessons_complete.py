@@ -9,11 +9,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import warm_python
 from course.checks import LESSONS
 from course.checks.assignments import build_source
 from course.layout import GENERATED_FILES, lesson_files
@@ -121,8 +121,7 @@ def in_copy(copy: Path, role: str) -> Path:
 
 
 def run_in(copy: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(copy))
-    return subprocess.run([sys.executable, *args], cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    return warm_python.run(list(args), cwd=copy, env=dict(os.environ, PYTHONPATH=str(copy)), timeout=600)
 
 
 def fill_skeleton(copy: Path) -> None:

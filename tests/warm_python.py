@@ -2,8 +2,9 @@
 
 Starting Python and importing torch takes ~2 s, most of a documented command's run. A server process (one per
 test process) imports torch and numpy once, then forks a child per command. The child becomes what
-``python ARGS`` would be: the command's working directory, environment, argv, ``sys.path[0]`` (the script's
-folder, the working directory for ``-m``, '' for ``-c``), torch's thread count from OMP_NUM_THREADS (or
+``python ARGS`` would be: the command's working directory, environment, argv, ``sys.path`` (the script's
+folder, the working directory for ``-m`` or '' for ``-c``, then the command's PYTHONPATH, then the
+interpreter's site folders), torch's thread count from OMP_NUM_THREADS (or
 torch's default), stdout/stderr captured apart, the exit code of SystemExit or 1 with the traceback for an
 uncaught exception, the exit handlers run. The course's modules are imported fresh in each child, from the
 child's ``sys.path``: a wrong path or a missing import fails here as it fails for a student.
@@ -92,18 +93,23 @@ def _serve(default_threads: int) -> None:
     import numpy  # noqa: F401 - imported once here, inherited by every child
     import torch  # noqa: F401
     requests, replies = sys.stdin, sys.stdout
-    server_path = list(sys.path[1:])
+    own_pythonpath = _pythonpath(os.environ)
+    site_path = [entry for entry in sys.path[1:] if entry not in own_pythonpath]   # the interpreter's own
     for line in requests:
         job = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _become_the_command(job, server_path, default_threads)
+            _become_the_command(job, site_path, default_threads)
         _, status = os.waitpid(pid, 0)
         replies.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
         replies.flush()
 
 
-def _become_the_command(job: dict, server_path: list[str], default_threads: int) -> None:
+def _pythonpath(env) -> list[str]:
+    return [os.path.abspath(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+
+
+def _become_the_command(job: dict, site_path: list[str], default_threads: int) -> None:
     code = 1
     try:
         import torch
@@ -118,7 +124,7 @@ def _become_the_command(job: dict, server_path: list[str], default_threads: int)
             os.close(target)
         omp = job["env"].get("OMP_NUM_THREADS", "").split(",")[0].strip()
         torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else default_threads)
-        code = _run_main(job["args"], server_path)
+        code = _run_main(job["args"], _pythonpath(job["env"]) + site_path)   # PYTHONPATH read in job["cwd"]
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException:   # noqa: B036 - what the interpreter does with an uncaught exception
@@ -132,21 +138,21 @@ def _become_the_command(job: dict, server_path: list[str], default_threads: int)
             os._exit(code)
 
 
-def _run_main(args: list[str], server_path: list[str]) -> int:
+def _run_main(args: list[str], path: list[str]) -> int:
     try:
         if args[0] == "-m":
             sys.argv = ["-m", *args[2:]]
-            sys.path[:] = [os.getcwd(), *server_path]
+            sys.path[:] = [os.getcwd(), *path]
             runpy.run_module(args[1], run_name="__main__", alter_sys=True)
         elif args[0] == "-c":
             sys.argv = ["-c", *args[2:]]
-            sys.path[:] = ["", *server_path]
+            sys.path[:] = ["", *path]
             main = types.ModuleType("__main__")
             sys.modules["__main__"] = main
             exec(compile(args[1], "<string>", "exec"), main.__dict__)
         else:
             sys.argv = list(args)
-            sys.path[:] = [os.path.dirname(os.path.realpath(args[0])), *server_path]
+            sys.path[:] = [os.path.dirname(os.path.realpath(args[0])), *path]
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as exc:
         return _exit_code(exc)
