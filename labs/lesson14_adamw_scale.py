@@ -19,6 +19,7 @@ import math
 import torch
 
 from course.runs import LoopScenario, tiny_batches, tiny_model
+from course.runs.threads import cpu_threads
 from lesson14_trace_pretrain_step import positive_int  # labs/ is on sys.path when a lab runs
 
 NO_CLIP = math.inf
@@ -95,6 +96,7 @@ def tail_contribution_ratio(model, optimizer, tail_batches, k: int) -> float:
     return (shrunk.norm() / full.norm()).item()
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> None:
     args = parse_args(argv)
     k, r = args.accumulation_steps, args.tail

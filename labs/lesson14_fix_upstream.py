@@ -25,6 +25,7 @@ import torch
 from course.implementations import add_impl_arguments, load_implementation
 from course.minimind import get_lr
 from course.runs import LoopScenario, tiny_batches, tiny_model
+from course.runs.threads import cpu_threads
 from lesson14_trace_pretrain_step import positive_int  # labs/ is on sys.path when a lab runs
 
 matplotlib.use("Agg")
@@ -200,10 +201,10 @@ def figure_warmup(impl, out: Path, updates: int) -> None:
     save(fig, out, "14_fix_upstream_warmup")
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> None:
     args = parse_args(argv)
     impl = load_implementation("train_loop.py", args.impl, args.impl_dir)
-    torch.set_num_threads(1)   # tiny tensors: one thread is faster, and a busy machine slows it least
     out = Path(args.out)
     try:
         figure_tail(impl, out)

@@ -18,6 +18,7 @@ import torch
 
 from course.minimind import get_lr
 from course.runs import LoopScenario, epoch_batches, run_oracle_epoch, training_objects
+from course.runs.threads import cpu_threads
 
 BASE = LoopScenario("dense, 1 epoch, K=4", epochs=1)
 
@@ -73,6 +74,7 @@ def clip_orders(scenario: LoopScenario):
     return scale, right, (recorded, gradient_norm(params))
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main() -> None:
     base_lr, total = 5e-4, 20
     print("1. schedule, base_lr 5e-4, T = 20 micro-steps:")

@@ -15,6 +15,7 @@ import argparse
 import torch
 
 from course.minimind import TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYERS, MiniMindConfig, MiniMindForCausalLM
+from course.runs.threads import cpu_threads
 
 FP32, FP16 = 4, 2
 ADAMW_MOMENTS = 2   # exp_avg and exp_avg_sq, fp32, one of each per parameter
@@ -32,6 +33,7 @@ def sizes(config: MiniMindConfig) -> dict:
             "fp32 resume": FP32 * params + moments, "fp16 resume": FP16 * state_dict_entries + moments}
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     configs = {f"tiny (hidden {TINY_HIDDEN_SIZE}, {TINY_NUM_HIDDEN_LAYERS} layers)":

@@ -25,6 +25,7 @@ from course.implementations import load_implementation
 from course.minimind.trainer_utils import lm_checkpoint
 from course.runs import (LoopScenario, resume_and_finish, run_oracle, save_objects, train_until,
                          training_objects)
+from course.runs.threads import cpu_threads
 
 REFERENCE = load_implementation("checkpoint.py", "reference")
 SAMPLES, PER_RANK_BATCH = 48, 2
@@ -130,6 +131,7 @@ def crash_answers(objects, folder: Path) -> list[str]:
     return lines
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main() -> None:
     print("1. SkipBatchSampler(range(11), batch_size=4, skip_batches=s):")
     for skip in (2, 3, 4):

@@ -26,6 +26,7 @@ from course.experiments.resume import draw_loss_curves, drift, resume_runs, upst
 from course.implementations import load_implementation  # noqa: E402
 from course.minimind.trainer_utils import lm_checkpoint  # noqa: E402
 from course.runs import LoopScenario, save_objects, train_until, training_objects  # noqa: E402
+from course.runs.threads import cpu_threads
 from lesson14_trace_pretrain_step import positive_int  # noqa: E402 - labs/ is on sys.path when a lab runs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,7 @@ def parse_args(argv=None):
     return args
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> int:
     args = parse_args(argv)
     scenario = LoopScenario("resume lab", epochs=args.epochs, iters=args.iters, batch_size=args.batch_size,

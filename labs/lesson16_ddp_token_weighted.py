@@ -16,15 +16,16 @@ import torch
 from course.trainers.session_ddp import ddp_update_gradients
 from course.runs.distributed import process_group
 from course.runs import global_batch_gradients, masked_micro_batches
+from course.runs.threads import cpu_threads
 
 
 def flat(grads: dict) -> torch.Tensor:
     return torch.cat([g.flatten() for _, g in sorted(grads.items())]).double()
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    torch.set_num_threads(1)
     with process_group("gloo") as (rank, world_size):
         results = ddp_update_gradients(rank, world_size)
         if rank == 0:

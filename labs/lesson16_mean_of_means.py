@@ -18,6 +18,7 @@ import torch
 from course.protocol.text import token_nll_sum
 from course.minimind import IGNORE_INDEX
 from course.runs import SESSION_SCENARIO, global_batch_gradients, masked_micro_batches, tiny_model
+from course.runs.threads import cpu_threads
 
 
 def flat(grads: dict) -> torch.Tensor:
@@ -32,9 +33,9 @@ def accumulate(batches, weight_of) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> dict:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    torch.set_num_threads(1)
     batches = masked_micro_batches()
     k = len(batches)
     units = [b.loss_units for b in batches]

@@ -23,6 +23,7 @@ from course.protocol.types import TrainingRunState, TrainingStepOptions, Trainin
 from course.reference import train_session as reference
 from course.runs import (SESSION_SCENARIO, capture_grads, global_batch_gradients, masked_micro_batches, new_session,
                          params_of, run_update, tiny_batches)
+from course.runs.threads import cpu_threads
 
 # two micro-batches of 2 samples: labels[i, cut:] = -100, so 15 + 15 = 30 and 2 + 0 = 2 valid shifted targets
 PREDICTION_CUTS = ((16, 16), (3, 0))
@@ -130,8 +131,8 @@ def prediction_4() -> None:
     print(f"   after_update ran after updates {calls}")
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main() -> None:
-    torch.set_num_threads(1)
     prediction_1()
     prediction_2()
     prediction_3()

@@ -15,10 +15,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
 
 from course.experiments.token_weighting import VARIANTS, Setup, compare, draw_comparison  # noqa: E402
 from course.reference import train_session as reference  # noqa: E402
+from course.runs.threads import cpu_threads  # noqa: E402
 
 
 def plot(history: dict, out: Path) -> None:
@@ -47,11 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     if args.updates < 1 or args.global_batch % args.accumulation_steps:
         raise SystemExit("--updates must be >= 1 and --global-batch divisible by --accumulation-steps")
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     setup = Setup(**{k: v for k, v in vars(args).items() if k != "out"})
     history = compare(reference, setup)
     print(f"valid targets per micro-batch in update 1: {history['units'][0]}")
