@@ -7,12 +7,18 @@
 from __future__ import annotations
 
 import functools
+import os
 
-import pytest
+# Every test process, and what it starts, on the course's thread count (course/runs/threads.py), set before
+# torch starts: the tiny models run fastest on one thread, and two xdist workers each on torch's default
+# (all cores) would oversubscribe the machine, 3-4 times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from course.checks import get_lesson
-from course.checks.framework import FAIL, TODO
-from course.checks.results import describe, grade_exercises
+import pytest  # noqa: E402
+
+from course.checks import get_lesson  # noqa: E402
+from course.checks.framework import FAIL, TODO  # noqa: E402
+from course.checks.results import describe, grade_exercises  # noqa: E402
 
 
 def pytest_addoption(parser):

@@ -64,7 +64,9 @@ def test_upstream_oracle_sampler_and_checkpoint(tmp_path, monkeypatch):
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=0, step=6, save_dir=str(tmp_path),
                   scaler=scaler)
-    expect_equal("files written", sorted(p.name for p in tmp_path.iterdir()), ["pretrain_48.pth", "pretrain_48_resume.pth"])
+    hidden = RESUME_BASE.hidden_size
+    expect_equal("files written", sorted(p.name for p in tmp_path.iterdir()),
+                 [f"pretrain_{hidden}.pth", f"pretrain_{hidden}_resume.pth"])
     monkeypatch.setattr("course.minimind.trainer_utils.current_world_size", lambda: 3)
     data = lm_checkpoint(model.config, save_dir=str(tmp_path))
     expect_equal("dtype of the resume file's weights", data["model"]["lm_head.weight"].dtype, torch.float16)

@@ -133,7 +133,7 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
 
         config = dataclasses.asdict(objects.model.config)
         for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3),
-                      RESUME_BASE.with_(hidden_size=32)):
+                      RESUME_BASE.with_(hidden_size=48)):
             other_file = Path(tmp) / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth"
             other_objects = training_objects(other)
             save_objects(impl, other_file, other_objects, 0, 0)
@@ -171,7 +171,7 @@ def foreign_optimizer_states(model, saved: dict):
     yield "an empty optimizer entry", {}
     yield ("the AdamW state plus a second param group holding no parameters (same parameter count, 2 groups)",
            dict(saved, param_groups=[group, dict(group, params=[])]))
-    first, second = group["params"][6:8]  # k_norm (6,) and input_layernorm (48,): 1-D, another length
+    first, second = group["params"][6:8]  # k_norm (4,) and input_layernorm (32,): 1-D, another length
     yield ("AdamW moments of parameters 6 and 7 swapped (another parameter order)",
            dict(saved, state={**saved["state"], first: saved["state"][second], second: saved["state"][first]}))
 
