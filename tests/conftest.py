@@ -69,28 +69,25 @@ def graded(impl_module, impl_name):
 
 # --- scheduling `python -m pytest -n auto` (pytest-xdist, --dist loadgroup) ---------------------------------
 # Tests of one group run on one worker, in the order below. A group keeps together the tests that share an
-# expensive fixture (their module's) or files: the documented commands run in order (a later one resumes from
-# an earlier one's checkpoint), and `python -m course release` rewrites the committed notebooks that the
-# notebook tests compare and the new-lesson test copies, so it runs after them, in their group. The slowest
-# groups start first, so that both workers finish together.
+# expensive fixture (their module's), a run (tests/doc_runs.py: the notebook tests build on the README's
+# `python -m course release`, the stage-assembly tests read the main job's output) or files: the documented
+# commands run in order (a later one resumes from an earlier one's checkpoint), and the release rewrites the
+# committed notebooks that the new-lesson test copies. The slowest groups start first, so that both workers
+# finish together.
 MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~2 minutes alone
-REWRITES_NOTEBOOKS = "python -m course release"
+RELEASE = "python -m course release"
 SLOWEST_FIRST = ("notebooks", "main job", "documented commands")
 
 
 def _group(item) -> str:
     if item.path.name == "test_docs_commands.py" and item.originalname == "test_command_runs":
         command = item.callspec.params["command"]
-        return {MAIN_JOB: "main job", REWRITES_NOTEBOOKS: "notebooks"}.get(command, "documented commands")
+        return {MAIN_JOB: "main job", RELEASE: "notebooks"}.get(command, "documented commands")
     if item.path.name in ("test_notebooks.py", "test_lessons_complete.py"):
         return "notebooks"
     if item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
         return "main job"
     return item.path.name
-
-
-def _runs_last_in_its_group(item) -> bool:
-    return getattr(item, "callspec", None) is not None and item.callspec.params.get("command") == REWRITES_NOTEBOOKS
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the xdist_group marks
@@ -99,4 +96,4 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     rank = {group: i for i, group in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: (rank.get(groups[item.nodeid], len(rank)), _runs_last_in_its_group(item)))
+    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))

@@ -14,6 +14,7 @@ import functools
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,10 +39,20 @@ def run_documented(command: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, MPLBACKEND="Agg", MINIMIND_COURSE_HINTS=str(HINTS_FILE))  # not the student's hints
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     python = warm_python.python_args(command)
-    if python is not None:
+    if python is not None:   # started by path, as from an unactivated virtual environment (IDEs, cron, CI)
         additions, args = python
-        return warm_python.run(args, cwd=ROOT, env={**env, **additions}, timeout=3600)
+        return warm_python.run(args, cwd=ROOT, env={**env, "PATH": path_without_nbgrader_helpers(), **additions},
+                               timeout=3600)
     return subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+
+
+def path_without_nbgrader_helpers() -> str:
+    """PATH minus every directory holding ``alembic``: what an unactivated virtual environment sees (nbgrader
+    shells out to helpers there: ``python -m course release`` must work without them on PATH)."""
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not shutil.which("alembic", path=d))
+    assert not shutil.which("alembic", path=path), "the test PATH should hide nbgrader's helper programs"
+    return path
 
 
 def shown_outputs(path: Path) -> list[tuple[str, list[str]]]:
