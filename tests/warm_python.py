@@ -1,8 +1,8 @@
 """``python ...`` commands run in a fork of a Python that has already imported torch.
 
-Starting Python and importing torch takes ~2 s, most of a documented command's run. A server process (one per
-test process) imports torch and numpy once, then forks a child per command. The child becomes what
-``python ARGS`` would be: the command's working directory, environment, argv, ``sys.path`` (the script's
+Starting Python and importing torch takes ~2 s, most of a documented command's run (nbgrader's ~2.5 s). A
+server process (one per test process and set of modules) imports torch and numpy (or nbgrader) once, then forks
+a child per command. The child becomes what ``python ARGS`` would be: the command's working directory, environment, argv, ``sys.path`` (the script's
 folder, the working directory for ``-m`` or '' for ``-c``, then the command's PYTHONPATH, then the
 interpreter's site folders), torch's thread count from OMP_NUM_THREADS (or
 torch's default), stdout/stderr captured apart, the exit code of SystemExit or 1 with the traceback for an
@@ -15,6 +15,7 @@ with shell operators, another program or a Python option runs under bash as befo
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import runpy
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 _SERVER_LOCK = threading.Lock()
-_server: Optional[subprocess.Popen] = None
+_servers: dict[tuple[str, ...], subprocess.Popen] = {}   # by the modules each imported before serving
+TORCH = ("torch", "numpy")
 
 
 def python_args(command: str) -> Optional[tuple[dict, list[str]]]:
@@ -53,13 +55,15 @@ def python_args(command: str) -> Optional[tuple[dict, list[str]]]:
     return None
 
 
-def run(args: list[str], *, cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """``python ARGS`` in ``cwd`` with ``env``, run by the warm server; stdout and stderr as text."""
+def run(args: list[str], *, cwd: Path, env: dict, timeout: float,
+        preload: tuple[str, ...] = TORCH) -> subprocess.CompletedProcess:
+    """``python ARGS`` in ``cwd`` with ``env``, run by the warm server that imported ``preload`` (third-party
+    modules only: the command's own are imported fresh); stdout and stderr as text."""
     with tempfile.TemporaryDirectory(prefix="warm-python-") as scratch:
         out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
         job = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
         with _SERVER_LOCK:
-            server = _started()
+            server = _started(preload)
             server.stdin.write(json.dumps(job) + "\n")
             server.stdin.flush()
             reply = server.stdout.readline()
@@ -70,15 +74,16 @@ def run(args: list[str], *, cwd: Path, env: dict, timeout: float) -> subprocess.
                                            err.read_text(errors="replace"))
 
 
-def _started() -> subprocess.Popen:
-    global _server
-    if _server is None or _server.poll() is not None:
+def _started(preload: tuple[str, ...]) -> subprocess.Popen:
+    server = _servers.get(preload)
+    if server is None or server.poll() is not None:
         import torch
         env = dict(os.environ, OMP_NUM_THREADS="1")   # no thread pool in the server: forking it is safe
-        _server = subprocess.Popen([sys.executable, __file__, str(torch.get_num_threads())], env=env,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        atexit.register(_stop, _server)
-    return _server
+        server = _servers[preload] = subprocess.Popen(
+            [sys.executable, __file__, str(torch.get_num_threads()), *preload], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        atexit.register(_stop, server)
+    return server
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -89,9 +94,9 @@ def _stop(server: subprocess.Popen) -> None:
 
 # --- the server ------------------------------------------------------------------------------------
 
-def _serve(default_threads: int) -> None:
-    import numpy  # noqa: F401 - imported once here, inherited by every child
-    import torch  # noqa: F401
+def _serve(default_threads: int, preload: list[str]) -> None:
+    for module in preload:   # imported once here, inherited by every child
+        importlib.import_module(module)
     requests, replies = sys.stdin, sys.stdout
     own_pythonpath = _pythonpath(os.environ)
     site_path = [entry for entry in sys.path[1:] if entry not in own_pythonpath]   # the interpreter's own
@@ -112,7 +117,6 @@ def _pythonpath(env) -> list[str]:
 def _become_the_command(job: dict, site_path: list[str], default_threads: int) -> None:
     code = 1
     try:
-        import torch
         os.chdir(job["cwd"])
         os.environ.clear()
         os.environ.update(job["env"])
@@ -122,8 +126,10 @@ def _become_the_command(job: dict, site_path: list[str], default_threads: int) -
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(target, fd)
             os.close(target)
-        omp = job["env"].get("OMP_NUM_THREADS", "").split(",")[0].strip()
-        torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else default_threads)
+        torch = sys.modules.get("torch")   # started here: what OMP_NUM_THREADS would have made it
+        if torch is not None:
+            omp = job["env"].get("OMP_NUM_THREADS", "").split(",")[0].strip()
+            torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else default_threads)
         code = _run_main(job["args"], _pythonpath(job["env"]) + site_path)   # PYTHONPATH read in job["cwd"]
     except SystemExit as exc:
         code = _exit_code(exc)
@@ -172,4 +178,4 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 if __name__ == "__main__":
-    _serve(int(sys.argv[1]))
+    _serve(int(sys.argv[1]), sys.argv[2:])

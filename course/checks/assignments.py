@@ -52,12 +52,18 @@ def release_path(lesson: Lesson, course_dir: Path) -> Path:
     return in_course_dir(lesson.files()["notebook release"], course_dir)
 
 
-def nbgrader(course_dir: Path, *args: str, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
-    """``nbgrader ARGS`` in ``course_dir`` with this interpreter, its helper programs found on PATH."""
+def nbgrader_invocation(*args: str) -> tuple[list[str], dict]:
+    """(the arguments after ``python``, the environment) of ``nbgrader ARGS`` run by this interpreter, its
+    helper programs found on PATH."""
     bin_dir = str(Path(sys.executable).parent)
-    env = dict(os.environ, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return ["-m", "nbgrader", *args], dict(os.environ, PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]))
+
+
+def nbgrader(course_dir: Path, *args: str, timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+    """``nbgrader ARGS`` in ``course_dir`` (see ``nbgrader_invocation``)."""
+    python_args, env = nbgrader_invocation(*args)
+    return subprocess.run([sys.executable, *python_args], cwd=course_dir, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 # --- solution cells from the reference -------------------------------------------------------
