@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 # Every test process, and what it starts, on the course's thread count (course/runs/threads.py), set before
 # torch starts: the tiny models run fastest on one thread, and two xdist workers each on torch's default
@@ -68,32 +69,45 @@ def graded(impl_module, impl_name):
 
 
 # --- scheduling `python -m pytest -n auto` (pytest-xdist, --dist loadgroup) ---------------------------------
-# Tests of one group run on one worker, in the order below. A group keeps together the tests that share an
+# Tests of one group run on one worker, in collection order. A group keeps together the tests that share an
 # expensive fixture (their module's), a run (tests/doc_runs.py: the notebook tests build on the README's
 # `python -m course release`, the stage-assembly tests read the main job's output) or files: the documented
-# commands run in order (a later one resumes from an earlier one's checkpoint), and the release rewrites the
-# committed notebooks that the new-lesson test copies. The slowest groups start first, so that both workers
-# finish together.
+# commands of one text run in order, and a command that resumes from another's folder under out/ joins that
+# command's group; the release rewrites the committed notebooks that the new-lesson test copies. The slowest
+# groups start first, so that both workers finish together.
 MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~2 minutes alone
 RELEASE = "python -m course release"
-SLOWEST_FIRST = ("notebooks", "main job", "documented commands")
+OUT_FOLDER = re.compile(r"--(?:save-dir|out_dir|out|resume)\s+(out/[^/\s]+)")
 
 
-def _group(item) -> str:
-    if item.path.name == "test_docs_commands.py" and item.originalname == "test_command_runs":
-        command = item.callspec.params["command"]
-        return {MAIN_JOB: "main job", RELEASE: "notebooks"}.get(command, "documented commands")
-    if item.path.name in ("test_notebooks.py", "test_lessons_complete.py"):
-        return "notebooks"
-    if item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
-        return "main job"
-    return item.path.name
+def _groups(items) -> dict[str, str]:
+    """nodeid -> group of every item."""
+    groups, writers = {}, {}   # writers: folder under out/ -> the group of the first command naming it
+    for item in items:
+        if item.path.name == "test_docs_commands.py" and item.originalname == "test_command_runs":
+            command = item.callspec.params["command"]
+            folders = OUT_FOLDER.findall(command)
+            group = {MAIN_JOB: "main job", RELEASE: "notebooks"}.get(command) or next(
+                (writers[f] for f in folders if f in writers), f"documented commands of {item.callspec.params['source']}")
+            for folder in folders:
+                writers.setdefault(folder, group)
+        elif item.path.name in ("test_notebooks.py", "test_lessons_complete.py"):
+            group = "notebooks"
+        elif item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
+            group = "main job"
+        else:
+            group = item.path.name
+        groups[item.nodeid] = group
+    return groups
+
+
+def _rank(group: str) -> int:
+    return 0 if group == "notebooks" else 1 if group == "main job" else 2 if group.startswith("documented") else 3
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    groups = {item.nodeid: _group(item) for item in items}
+    groups = _groups(items)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    rank = {group: i for i, group in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))
+    items.sort(key=lambda item: _rank(groups[item.nodeid]))
