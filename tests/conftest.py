@@ -69,8 +69,8 @@ def graded(impl_module, impl_name):
 
 
 # --- scheduling `python -m pytest -n auto` (pytest-xdist, --dist loadgroup) ---------------------------------
-# Tests of one group run on one worker, in collection order; any other test is a unit of its own. A group keeps
-# together the tests that share an expensive fixture (their module's), a run (tests/doc_runs.py: the notebook tests build on the README's
+# Tests of one group run on one worker, in collection order. A group keeps together the tests that share an
+# expensive fixture (their module's), a run (tests/doc_runs.py: the notebook tests build on the README's
 # `python -m course release`, the stage-assembly tests read the main job's output) or files: the documented
 # commands of one text run in order, and a command that resumes from another's folder under out/ joins that
 # command's group; the release rewrites the committed notebooks that the new-lesson test copies. The slowest
@@ -95,28 +95,19 @@ def _groups(items) -> dict[str, str]:
             group = "notebooks"
         elif item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
             group = "main job"
-        elif _uses_a_module_fixture(item):
-            group = item.path.name
         else:
-            continue   # a unit of its own: the workers share such tests out one by one
+            group = item.path.name
         groups[item.nodeid] = group
     return groups
 
 
-def _uses_a_module_fixture(item) -> bool:
-    return any(definition.scope in ("module", "package", "session")
-               for definitions in item._fixtureinfo.name2fixturedefs.values() for definition in definitions
-               if definition.baseid)   # pytest's own session fixtures (tmp_path_factory...) have none
-
-
-def _rank(group) -> int:
-    return {"notebooks": 0, "main job": 1}.get(group, 2 if str(group).startswith("documented") else 3)
+def _rank(group: str) -> int:
+    return 0 if group == "notebooks" else 1 if group == "main job" else 2 if group.startswith("documented") else 3
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     groups = _groups(items)
     for item in items:
-        if item.nodeid in groups:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    items.sort(key=lambda item: _rank(groups.get(item.nodeid)))
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    items.sort(key=lambda item: _rank(groups[item.nodeid]))
