@@ -381,10 +381,10 @@ def tail_only_run(train_one_epoch, micro_steps: int):
     returns (the conversions counted, names of parameters whose .grad is not None afterwards)."""
     scenario = SYNC_SCENARIO.with_(iters=micro_steps)
     objects, calls = training_objects(scenario), []
+    batches = epoch_batches(scenario, 0)   # outside the count: building them (once, then cached) converts too
     with count_host_syncs(calls):
-        train_one_epoch(objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu", epoch=0,
-                        epochs=1, iters=micro_steps, base_lr=scenario.base_lr, accumulation_steps=8,
-                        grad_clip=scenario.grad_clip)
+        train_one_epoch(objects.model, batches, objects.optimizer, device="cpu", epoch=0, epochs=1,
+                        iters=micro_steps, base_lr=scenario.base_lr, accumulation_steps=8, grad_clip=scenario.grad_clip)
     return calls, [n for n, p in objects.model.named_parameters() if p.grad is not None]
 
 
