@@ -105,9 +105,10 @@ def _rank(group: str) -> int:
     return 0 if group == "notebooks" else 1 if group == "main job" else 2 if group.startswith("documented") else 3
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the xdist_group marks
-def pytest_collection_modifyitems(config, items):
+@pytest.hookimpl(wrapper=True)   # around xdist's own hook, which reads the xdist_group marks (tryfirst alone
+def pytest_collection_modifyitems(config, items):   # ran after it under pytest 9.2)
     groups = _groups(items)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
     items.sort(key=lambda item: _rank(groups[item.nodeid]))
+    return (yield)
