@@ -68,7 +68,8 @@ def run(args: list[str], *, cwd: Path, env: dict, timeout: float,
             server.stdin.flush()
             reply = server.stdout.readline()
         if not reply:
-            raise RuntimeError(f"the warm python server died: {server.stderr.read() if server.stderr else ''}")
+            raise RuntimeError(f"the warm python server died (exit {server.wait()}; its traceback is on this "
+                               "process's stderr)")
         code = json.loads(reply)
         return subprocess.CompletedProcess(["python", *args], code, out.read_text(errors="replace"),
                                            err.read_text(errors="replace"))
