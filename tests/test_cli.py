@@ -9,6 +9,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 from stub_copies import untouched_impl
@@ -16,7 +17,7 @@ from stub_copies import untouched_impl
 import course.implementations
 from course.checks import get_lesson
 from course.cli import main
-from course.implementations import STUDENT_DIR
+from course.implementations import REPO_ROOT, STUDENT_DIR
 
 
 def course_cli(*args) -> subprocess.CompletedProcess:
@@ -168,3 +169,15 @@ def test_table_marks_core_and_optional_and_a_failing_core_exercise_exits_1(tmp_p
     assert {name: rows[name][1:3] for name in EXTENSIONS} == {name: ["TODO", "optional"] for name in EXTENSIONS}, rows
     assert rows["cosine_lr"][1:3] == ["TODO", "core"], rows["cosine_lr"]
     assert f"optional: 0/{len(EXTENSIONS)} passed, 0 failed, {len(EXTENSIONS)} TODO" in proc.stdout, proc.stdout
+
+
+def test_python_m_course_exits_early_with_all_its_output_and_its_exit_code(tmp_path):
+    """``python -m course`` ends without the interpreter's teardown (course/__main__.py): through a pipe, the
+    whole report still arrives and the exit code is main()'s (1: an exercise is TODO; 0: all passed)."""
+    untouched = ["--impl-dir", str(untouched_impl(tmp_path / "impl"))]
+    for impl, want in ((untouched, 1), (["--impl", "reference"], 0)):
+        proc = subprocess.run([sys.executable, "-m", "course", "check", "14", *impl, "--only", "cosine_lr", "--json"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == want, f"{impl}: ACTUAL exit {proc.returncode}, EXPECTED {want}\n{proc.stderr}"
+        report = json.loads(proc.stdout)   # a truncated report does not parse
+        assert [e["exercise"] for e in report["exercises"]] == ["cosine_lr"], report
