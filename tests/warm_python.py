@@ -1,7 +1,8 @@
 """``python ...`` commands run in a fork of a Python that has already imported torch.
 
-Starting Python and importing torch takes ~2 s, most of a documented command's run (nbgrader's ~2.5 s). A
-server process (one per test process and set of modules) imports torch and numpy (or nbgrader) once, then forks
+Starting Python and importing torch takes ~2 s, most of a documented command's run (nbgrader's ~2.5 s), and
+the first optimizer a process builds imports torch._dynamo (~1.5 s more). A server process (one per test process
+and set of modules) imports torch, torch._dynamo and numpy (or nbgrader) once, then forks
 a child per command. The child becomes what ``python ARGS`` would be: the command's working directory, environment, argv, ``sys.path`` (the script's
 folder, the working directory for ``-m`` or '' for ``-c``, then the command's PYTHONPATH, then the
 interpreter's site folders), torch's thread count from OMP_NUM_THREADS (or
@@ -30,7 +31,9 @@ from typing import Optional
 
 _SERVER_LOCK = threading.Lock()
 _servers: dict[tuple[str, ...], subprocess.Popen] = {}   # by the modules each imported before serving
-TORCH = ("torch", "numpy")
+# torch._dynamo: torch imports it on the first optimizer a process builds (~1.5 s, torch/_compile.py), which every
+# training command does
+TORCH = ("torch", "torch._dynamo", "numpy")
 
 
 def python_args(command: str) -> Optional[tuple[dict, list[str]]]:

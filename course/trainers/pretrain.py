@@ -80,7 +80,8 @@ def decode(tokenizer, ids) -> str:
 def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device, temperature: float = 0.0,
              top_k: int = 0, seed: int = 0) -> str:
     """The prompt and its continuation (no KV cache), up to max_new_tokens or eos; the model sees at most the last
-    max_seq_len tokens, the length it was trained on. temperature 0: greedy (argmax at each position); else a
+    max_seq_len tokens, the length it was trained on, and the output layer runs on the last position alone (the
+    6400-way projection of every position is most of a forward pass; only the last predicts the next token). temperature 0: greedy (argmax at each position); else a
     draw from softmax(logits / temperature) over the top_k most likely tokens (0: all), by a generator seeded
     with ``seed``, so the same weights give the same sample."""
     model.eval()
@@ -89,7 +90,8 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: in
     generator = torch.Generator().manual_seed(seed)
     for _ in range(max_new_tokens):
         context = torch.tensor([(ids + new)[-max_seq_len:]], device=device)
-        logits = model(context).logits[0, -1].float().cpu()
+        hidden, _ = model.model(context)
+        logits = model.lm_head(hidden[0, -1]).float().cpu()
         if temperature > 0:
             kept = torch.topk(logits, top_k) if top_k else torch.sort(logits, descending=True)
             probs = torch.softmax(kept.values / temperature, dim=-1)
