@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+import warm_python
 from stub_copies import untouched_impl
 
 from mistake_results import mistake_result
@@ -218,9 +219,8 @@ def test_stage_assembly_on_stubs_says_todo_for_lesson_15(tmp_path):
     """--resume with untouched lesson-15 stubs: a TODO naming lesson 15, exit 1. The stubs are an untouched
     copy of impl/ (--impl-dir), so the test holds however far the student has got."""
     untouched = untouched_impl(tmp_path / "impl")
-    proc = subprocess.run([sys.executable, "impl/train_pretrain_impl.py", "--impl-dir", str(untouched),
-                           "--resume", str(tmp_path / "x.pth")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = warm_python.run(["impl/train_pretrain_impl.py", "--impl-dir", str(untouched), "--resume",
+                            str(tmp_path / "x.pth")], cwd=ROOT, env=dict(os.environ), timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Fill in impl/checkpoint.py (lesson 15 §5)" in proc.stderr, proc.stderr[-2000:]
 

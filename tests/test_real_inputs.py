@@ -290,13 +290,13 @@ def peak_python_bytes(action) -> int:
 
 
 def test_a_large_jsonl_is_indexed_and_read_in_bounded_memory(tmp_path):
-    """Python's peak allocation (tracemalloc) while indexing a ~24 MB file and reading batches from it.
+    """Python's peak allocation (tracemalloc) while indexing an ~8 MB file and reading batches from it.
 
     Bound: the index is 8 bytes a line; allow 4x (array over-allocation and the copy while it grows) plus
     1 MiB for the line being parsed and a batch's texts. A reader that keeps every text exceeds it: the
     same measurement of ``read_jsonl_texts`` is the control that shows the bound can fail."""
     path = tmp_path / "large.jsonl"
-    lines = BENCH.write_large_jsonl(path, 24 * 2**20)
+    lines = BENCH.write_large_jsonl(path, 8 * 2**20)
     size = path.stat().st_size
     bound = 32 * lines + 2**20
     order = torch.randperm(lines).tolist()  # the trainer's shuffle (~36 bytes a line), not the dataset's cost
