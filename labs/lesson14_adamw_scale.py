@@ -7,7 +7,8 @@ On the course's tiny model (CPU, fp32, the built-in corpus), with K micro-batche
   2. AdamW trained with loss / K and with the raw loss (every gradient exactly K times larger:
      K = 4 is a power of two), without clipping and with upstream's clip 1.0;
   3. upstream's tail update: r leftover micro-steps, each divided by K. With the optimizer's history
-     fixed, how much of the tail's own gradient reaches the update, compared with dividing by r.
+     fixed (after 1 and after --history updates of --history_batch_size samples), how much of the tail's
+     own gradient reaches the update, compared with dividing by r.
      Clipping is off there, to isolate AdamW.
 """
 from __future__ import annotations
@@ -35,6 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("--updates", type=positive_int, default=5, help="updates of the loss / K vs raw-loss runs")
     parser.add_argument("--tail", type=positive_int, default=2, help="r, leftover micro-steps of the tail")
     parser.add_argument("--history", type=positive_int, default=100, help="updates before the later tail")
+    parser.add_argument("--history_batch_size", type=positive_int, default=2,
+                        help="samples per history update (they only fill AdamW's moments: small is enough)")
     args = parser.parse_args(argv)
     if args.tail >= args.accumulation_steps:
         parser.error(f"--tail must be < --accumulation_steps ({args.accumulation_steps}), got {args.tail}")
@@ -125,7 +128,7 @@ def main(argv=None) -> None:
               f"{gap.abs().max().item():.2e}, largest weight move {moved.abs().max().item():.2e}")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
-    history = tiny_batches(args.batch_size, args.max_length, args.history, seed=43)
+    history = tiny_batches(args.history_batch_size, args.max_length, args.history, seed=43)
     tail = windows[0][:r]
     ratios = {}
     for done, batch in enumerate(history, start=1):
