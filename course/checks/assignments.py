@@ -330,13 +330,13 @@ def notebook_lessons() -> list[Lesson]:
     return [lesson for _, lesson in sorted(LESSONS.items()) if lesson.files()["notebook"].is_file()]
 
 
-def generate_release(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR) -> Path:
-    """``nbgrader generate_assignment`` in ``course_dir`` (which holds nbgrader_config.py)."""
-    proc = nbgrader(course_dir, "generate_assignment", lesson.name, "--force")
+def generate_release(assignment: str, course_dir: Path = NOTEBOOKS_DIR) -> None:
+    """``nbgrader generate_assignment ASSIGNMENT`` (a lesson's name, or a glob of them) in ``course_dir`` (which
+    holds nbgrader_config.py)."""
+    proc = nbgrader(course_dir, "generate_assignment", assignment, "--force")
     if proc.returncode != 0:
-        raise RuntimeError(f"nbgrader generate_assignment {lesson.name} failed:\n"
+        raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n"
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
-    return release_path(lesson, course_dir)
 
 
 def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]] = None) -> list[Path]:
@@ -344,8 +344,12 @@ def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]
     if not (Path(course_dir) / "nbgrader_config.py").is_file():
         raise ValueError(f"course_dir {str(course_dir)!r} has no nbgrader_config.py (use notebooks/ or a copy)")
     lessons = [get_lesson(i) for i in lesson_ids] if lesson_ids else notebook_lessons()
-    paths = []
     for lesson in lessons:
         build_source(lesson, course_dir)
-        paths.append(generate_release(lesson, course_dir))
-    return paths
+    sources = {folder.name for folder in (Path(course_dir) / "source").iterdir() if folder.is_dir()}
+    if sources == {lesson.name for lesson in lessons}:   # one nbgrader start (~3 s) for all: it globs the id
+        generate_release("*", course_dir)
+    else:
+        for lesson in lessons:
+            generate_release(lesson.name, course_dir)
+    return [release_path(lesson, course_dir) for lesson in lessons]
