@@ -21,7 +21,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
 import pytest
 
 import warm_python
@@ -113,6 +112,9 @@ def course_dir(release) -> Path:
 
 
 def read(path: Path):
+    # nbformat is imported where it is used: importing it costs ~2 s (jsonschema's format checkers build a parser),
+    # which the pytest-xdist worker that runs no notebook test would pay collecting this module
+    import nbformat
     return nbformat.read(path, as_version=4)
 
 
@@ -193,6 +195,7 @@ def test_release_holds_no_solution_and_no_hidden_test(lesson, course_dir):
 def submission(release, solved, extra_cells=()):
     """The release with every solution cell answered as in ``solved`` and ``extra_cells`` added
     after the setup cell (students may add cells)."""
+    import nbformat
     answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solved.cells
                if c.metadata.get("nbgrader", {}).get("solution")}
     nb = nbformat.from_dict(release)
@@ -270,6 +273,7 @@ def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, st
 @pytest.fixture(scope="module")
 def grading_round(course_dir, tmp_path_factory) -> GradingRound:
     """The README's round on simulated submissions of every lesson: autograde, feedback, export."""
+    import nbformat
     expected, failing = {}, {}
     for lesson in ASSIGNMENT_NOTEBOOKS:
         students, expected[lesson.name], failing[lesson.name] = submissions(
