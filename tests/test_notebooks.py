@@ -20,9 +20,11 @@ import getpass
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
+import warm_kernel
 import warm_python
 from doc_runs import run_documented
 
@@ -48,15 +50,17 @@ EVERY_ASSIGNMENT = "*"
 RELEASE_COMMAND = "python -m course release"   # the README's   # nbgrader globs the assignment id: one command grades every lesson
 
 
-def run_nbgrader(course_dir: Path, *args: str, timeout: float):
+def run_nbgrader(course_dir: Path, *args: str, timeout: float, kernels: Optional[dict] = None):
     """``nbgrader ARGS`` as the course runs it, in a fork of a Python that has imported nbgrader
-    (tests/warm_python.py): the same command, 2.5 s less each."""
+    (tests/warm_python.py): the same command, 2.5 s less each; ``kernels``: the environment of
+    tests/warm_kernel.py's kernels."""
     python_args, env = nbgrader_invocation(*args)
-    return warm_python.run(python_args, cwd=course_dir, env=env, timeout=timeout, preload=("nbgrader.apps",))
+    return warm_python.run(python_args, cwd=course_dir, env={**env, **(kernels or {})}, timeout=timeout,
+                           preload=("nbgrader.apps",))
 
 
-def nbgrader(course_dir: Path, *args: str) -> str:
-    proc = run_nbgrader(course_dir, *args, timeout=1800)
+def nbgrader(course_dir: Path, *args: str, kernels: Optional[dict] = None) -> str:
+    proc = run_nbgrader(course_dir, *args, timeout=1800, kernels=kernels)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"nbgrader {' '.join(args)} exited {proc.returncode}:\n{output[-3000:]}"
     return output
@@ -282,7 +286,8 @@ def grading_round(course_dir, tmp_path_factory) -> GradingRound:
             path = course_dir / "submitted" / student / lesson.name / f"{lesson.name}.ipynb"
             path.parent.mkdir(parents=True)
             nbformat.write(nb, path)
-    nbgrader(course_dir, "autograde", EVERY_ASSIGNMENT)
+    with warm_kernel.kernel_environment(tmp_path_factory.mktemp("kernels")) as kernels:
+        nbgrader(course_dir, "autograde", EVERY_ASSIGNMENT, kernels=kernels)
     nbgrader(course_dir, "generate_feedback", EVERY_ASSIGNMENT)
     nbgrader(course_dir, "export")
     return GradingRound(course_dir, expected, failing)

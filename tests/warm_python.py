@@ -98,17 +98,22 @@ def _stop(server: subprocess.Popen) -> None:
 
 # --- the server ------------------------------------------------------------------------------------
 
+def site_path() -> list[str]:
+    """The interpreter's own entries of sys.path (not the script's folder, not PYTHONPATH's)."""
+    own_pythonpath = _pythonpath(os.environ)
+    return [entry for entry in sys.path[1:] if entry not in own_pythonpath]
+
+
 def _serve(default_threads: int, preload: list[str]) -> None:
     for module in preload:   # imported once here, inherited by every child
         importlib.import_module(module)
     requests, replies = sys.stdin, sys.stdout
-    own_pythonpath = _pythonpath(os.environ)
-    site_path = [entry for entry in sys.path[1:] if entry not in own_pythonpath]   # the interpreter's own
+    site = site_path()
     for line in requests:
         job = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _become_the_command(job, site_path, default_threads)
+            become_the_command(job, site, default_threads)
         _, status = os.waitpid(pid, 0)
         replies.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
         replies.flush()
@@ -118,7 +123,10 @@ def _pythonpath(env) -> list[str]:
     return [os.path.abspath(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
-def _become_the_command(job: dict, site_path: list[str], default_threads: int) -> None:
+def become_the_command(job: dict, site_path: list[str], default_threads: int) -> None:
+    """In a forked child: run ``python job["args"]`` as described above, then exit. Its stdout and stderr go to
+    the files job["stdout"] and job["stderr"], appended to with job["append"] (another process's open file),
+    else written anew."""
     code = 1
     try:
         os.chdir(job["cwd"])
@@ -126,8 +134,9 @@ def _become_the_command(job: dict, site_path: list[str], default_threads: int) -
         os.environ.update(job["env"])
         stdin = os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)
+        mode = os.O_WRONLY | (os.O_APPEND if job.get("append") else os.O_CREAT | os.O_TRUNC)
         for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            target = os.open(path, mode)
             os.dup2(target, fd)
             os.close(target)
         torch = sys.modules.get("torch")   # started here: what OMP_NUM_THREADS would have made it
