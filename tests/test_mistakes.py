@@ -1,5 +1,5 @@
 """The mistake catalogue: each typical wrong implementation FAILS the check named for it, with an
-ACTUAL vs EXPECTED message; each accepted equivalent form PASSES every check of its lesson; and
+ACTUAL vs EXPECTED message; each accepted equivalent form PASSES every check that can run what it edits; and
 ``python -m course mistakes NN --verify`` reports an entry whose edit no longer applies."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from course import cli
 from course.checks import LESSONS, get_lesson
 from course.checks.catalogue import Mistake, verify
 from course.checks.framework import FAIL, PASS
+from course.checks.mutants import exercises_reaching
 from course.checks.results import grade_exercises
 
 MISTAKES = [m for _, lesson in sorted(LESSONS.items()) for m in lesson.mistakes]
@@ -34,7 +35,13 @@ def test_mistake_is_caught(mistake):
 
 @pytest.mark.parametrize("equivalent", EQUIVALENTS, ids=lambda m: f"{m.lesson}-{m.name}")
 def test_equivalent_form_passes(equivalent):
-    exercises = grade_exercises(get_lesson(equivalent.lesson), equivalent.build(), include_optional=True)
+    """Graded on the checks of every exercise whose code can run the edited function (course/checks/mutants.py's
+    exercises_reaching): the other checks run none of the edited code."""
+    lesson = get_lesson(equivalent.lesson)
+    reaching = exercises_reaching(lesson, lesson.files()["reference"].read_text(encoding="utf-8"),
+                                  equivalent.function)
+    exercises = grade_exercises(lesson, equivalent.build(), only=reaching, include_optional=True)
+    assert any(e.checks for e in exercises), f"{equivalent.name}: no check runs {equivalent.function}"
     failed = [f"{r.check}: {r.message[:400]}" for e in exercises for r in e.checks if r.status != PASS]
     assert not failed, f"{equivalent.name} ({equivalent.description}) is algebraically equivalent but failed:\n" + \
         "\n".join(failed)

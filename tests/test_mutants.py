@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from course.checks import LESSONS, get_lesson
-from course.checks.mutants import analyse, mutants, score_line
+from course.checks.mutants import analyse, exercises_reaching, mutants, score_line
 
 SAMPLE = '''
 def sample(values, limit):
@@ -94,3 +94,16 @@ def test_command_prints_the_score_and_refuses_an_unknown_function(capsys):
     assert main(["mutants", "14", "--function", "no_such_function"]) == 2
     err = capsys.readouterr().err
     assert "--function must be a function or class of train_loop.py" in err and "cosine_lr" in err, err
+
+
+def test_exercises_reaching_follows_callers_uses_and_code_outside_definitions():
+    """What the equivalent forms are graded on (tests/test_mistakes.py): a helper reaches the exercises that call
+    it through other helpers, and the exercises whose checks use those (lesson 16's TrainingSession checks use
+    count_loss_units); named outside any definition, every exercise."""
+    lesson = get_lesson("16")
+    source = ("def _inner():\n    pass\n\n\ndef _outer():\n    return _inner()\n\n\n"
+              "def count_loss_units(labels):\n    return _outer()\n\n\ndef unrelated():\n    pass\n")
+    assert exercises_reaching(lesson, source, "_inner") == ["TrainingSession", "count_loss_units"]
+    assert exercises_reaching(lesson, source, "unrelated") == []
+    everything = sorted(e.name for e in lesson.exercises)
+    assert exercises_reaching(lesson, source + "\nTABLE = (_outer,)\n", "_inner") == everything

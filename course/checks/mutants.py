@@ -248,16 +248,25 @@ def time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def exercise_of(lesson: Lesson, source: str, function: str) -> list[str]:
-    """The exercises whose code runs ``function``: the exercise itself, or those calling the helper."""
-    top = function.split(".")[0]
-    names = {e.name for e in lesson.exercises}
-    if top in names:
-        return [top]
+def exercises_reaching(lesson: Lesson, source: str, function: str) -> list[str]:
+    """The exercises whose checks can run ``function`` ("name" or "Class.method") of the reference ``source``:
+    those that are, or name, it or a definition naming it (transitively), and those whose checks use one of
+    them. Every exercise when code outside the definitions names one (it may run at import)."""
     tree = ast.parse(source)
-    callers = [name for name, node in _functions(tree)
-               if any(isinstance(n, ast.Name) and n.id == top for n in ast.walk(node))]
-    return sorted({c.split(".")[0] for c in callers} & names) or sorted(names)
+    definitions = {node.name: node for node in tree.body
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+    def names(node) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    reached, added = set(), {function.split(".")[0]}
+    while added:
+        reached |= added
+        added = {name for name, node in definitions.items() if name not in reached and names(node) & reached}
+    exercises = {e.name for e in lesson.exercises}
+    if any(names(node) & reached for node in tree.body if node not in definitions.values()):
+        return sorted(exercises)
+    reaching = reached & exercises
+    return sorted(reaching | {c.exercise for c in lesson.checks if set(c.uses) & reaching})
 
 
 def grade_mutant(lesson: Lesson, mutant: Mutant, exercises: list[str]) -> MutantResult:
@@ -285,7 +294,7 @@ def analyse(lesson: Lesson, function: Optional[str] = None, progress=None) -> li
         raise ValueError(f"--function must be a function or class of {lesson.module_file}: {known}, got {function!r}")
     results = []
     for mutant in mutants(source, function):
-        result = grade_mutant(lesson, mutant, exercise_of(lesson, source, mutant.function))
+        result = grade_mutant(lesson, mutant, exercises_reaching(lesson, source, mutant.function))
         results.append(result)
         if progress is not None:
             progress(result)
