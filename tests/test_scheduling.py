@@ -4,6 +4,8 @@ suffix (pytest 9.2 with xdist 3.8) would split the groups: a documented resume b
 grading rounds."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -13,3 +15,10 @@ def test_a_grouped_test_carries_its_group_under_xdist(request):
     assert request.node.nodeid.endswith("@test_scheduling.py"), (
         f"ACTUAL node id {request.node.nodeid!r}, EXPECTED it to end with its group '@test_scheduling.py' "
         "(hint: requirements.txt pins the pytest versions whose node ids keep xdist's suffix)")
+
+
+def test_the_slow_module_groups_exist():
+    """tests/conftest.py starts these groups early; a renamed module would silently lose its place."""
+    from conftest import SLOW_MODULES
+    here = Path(__file__).parent
+    assert [name for name in SLOW_MODULES if not (here / name).is_file()] == []
