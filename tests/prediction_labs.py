@@ -6,6 +6,8 @@ import contextlib
 import io
 from pathlib import Path
 
+import pytest
+
 from course.checks import get_lesson
 from course.implementations import REPO_ROOT, load_module
 
@@ -45,3 +47,22 @@ def assert_shows_the_printout(lesson: Path, command: str, printout: str, section
     shown = printed_output(lesson, command)
     assert shown == printout, (f"{lesson.relative_to(REPO_ROOT)} {section} is stale\n  ACTUAL (lab):\n{printout}\n"
                                f"  EXPECTED (lesson):\n{shown}")
+
+
+def text_id(lesson: Path) -> str:
+    return f"{lesson.parent.name}/{lesson.name}"
+
+
+def printout_tests(lesson_id: str, section: str):
+    """A prediction test module's module fixture ``lab_output`` (the lab's printout, made once) and its test
+    that both lesson texts show that printout after the lab's command, in ``section``."""
+    lab, command = prediction_lab(lesson_id), lab_command(lesson_id)
+
+    @pytest.fixture(scope="module")
+    def lab_output() -> str:
+        return printout(lab)
+
+    @pytest.mark.parametrize("lesson", lesson_texts(lesson_id), ids=text_id)
+    def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
+        assert_shows_the_printout(lesson, command, lab_output, section)
+    return lab_output, test_lesson_prints_what_the_lab_prints

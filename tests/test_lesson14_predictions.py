@@ -7,22 +7,10 @@ import math
 import re
 
 import pytest
-from prediction_labs import assert_shows_the_printout, lab_command, lesson_texts, prediction_lab, printout
+from prediction_labs import printout_tests
 
 
-LAB = prediction_lab("14")
-COMMAND = lab_command("14")
-LESSONS = lesson_texts("14")
-
-
-@pytest.fixture(scope="module")
-def lab_output() -> str:
-    return printout(LAB)
-
-
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
-def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
-    assert_shows_the_printout(lesson, COMMAND, lab_output, "§6.5")
+lab_output, test_lesson_prints_what_the_lab_prints = printout_tests("14", "§6.5")
 
 
 def cosine(s: int, total: int, base_lr: float = 5e-4) -> float:

@@ -8,25 +8,15 @@ import math
 import re
 
 import pytest
-from prediction_labs import assert_shows_the_printout, lab_command, lesson_texts, prediction_lab, printout
+from prediction_labs import lab_command, lesson_texts, printout_tests, text_id
 
 
-LAB = prediction_lab("15")
 COMMAND = lab_command("15")
 LESSONS = lesson_texts("15")
+lab_output, test_lesson_prints_what_the_lab_prints = printout_tests("15", "§6.5")
 
 
-@pytest.fixture(scope="module")
-def lab_output() -> str:
-    return printout(LAB)
-
-
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
-def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
-    assert_shows_the_printout(lesson, COMMAND, lab_output, "§6.5")
-
-
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
+@pytest.mark.parametrize("lesson", LESSONS, ids=text_id)
 def test_predictions_are_asked_before_they_are_answered(lesson):
     """The answers (the lab's command and its output) come after the predictions, not in the principles."""
     text = lesson.read_text(encoding="utf-8")

@@ -7,26 +7,17 @@ from __future__ import annotations
 import math
 
 import pytest
-from prediction_labs import assert_shows_the_printout, lab_command, lesson_texts, prediction_lab, printout
+from prediction_labs import lab_command, lesson_texts, prediction_lab, printout_tests, text_id
 
 from course.runs import masked_micro_batches
 
 LAB = prediction_lab("16")
 COMMAND = lab_command("16")
 LESSONS = lesson_texts("16")
+lab_output, test_lesson_prints_what_the_lab_prints = printout_tests("16", "§6.1")
 
 
-@pytest.fixture(scope="module")
-def lab_output() -> str:
-    return printout(LAB)
-
-
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
-def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
-    assert_shows_the_printout(lesson, COMMAND, lab_output, "§6.1")
-
-
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.parent.name + "/" + p.name)
+@pytest.mark.parametrize("lesson", LESSONS, ids=text_id)
 def test_predictions_are_asked_before_they_are_answered(lesson):
     text = lesson.read_text(encoding="utf-8")
     asked, answered = text.index('<a id="l16-predictions"></a>'), text.index('<a id="l16-check-predictions"></a>')
