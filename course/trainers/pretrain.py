@@ -81,9 +81,10 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: in
              top_k: int = 0, seed: int = 0) -> str:
     """The prompt and its continuation (no KV cache), up to max_new_tokens or eos; the model sees at most the last
     max_seq_len tokens, the length it was trained on, and the output layer runs on the last position alone (the
-    6400-way projection of every position is most of a forward pass; only the last predicts the next token). temperature 0: greedy (argmax at each position); else a
-    draw from softmax(logits / temperature) over the top_k most likely tokens (0: all), by a generator seeded
-    with ``seed``, so the same weights give the same sample."""
+    6400-way projection of every position is most of a forward pass; only the last predicts the next token).
+    temperature 0: greedy (argmax at each position); else a draw from softmax(logits / temperature) over the
+    top_k most likely tokens (0: all), by a generator seeded with ``seed``, so the same weights give the same
+    sample."""
     model.eval()
     ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
     new = []
