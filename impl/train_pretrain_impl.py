@@ -62,7 +62,7 @@ TINY_MODEL = dict(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDE
 PRESETS = {
     "stories": dict(TINY_MODEL, hidden_size=128, epochs=2, batch_size=8, accumulation_steps=1, log_interval=100,
                     learning_rate=3e-3, max_seq_len=96, data_path=str(STORIES_CORPUS), val_fraction=0.05,
-                    eval_interval=60),
+                    eval_interval=120),
     "tiny": dict(TINY_MODEL, epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
                  max_seq_len=64, data_path=str(TINY_CORPUS), val_fraction=0.0),
     "minimind": dict(hidden_size=768, num_hidden_layers=8, epochs=2, batch_size=32, accumulation_steps=8,
