@@ -322,3 +322,15 @@ def test_tiny_model_is_a_fresh_seeded_build_and_leaves_every_rng_where_building_
         assert torch.equal(after_copy[0], after_build[0]) and after_copy[1:] == after_build[1:], (
             f"{scenario.name}: RNG draws after tiny_model ACTUAL {after_copy} EXPECTED {after_build}")
         assert copied.lm_head.weight is copied.model.embed_tokens.weight, "the tied weights must stay tied"
+        with torch.no_grad():
+            next(copied.buffers()).add_(1.0)
+        copied.config.rope_theta = -1.0
+        again = tiny_model(scenario)
+        assert torch.equal(next(again.buffers()), next(built.buffers())), (
+            f"{scenario.name}: a buffer changed in one copy changed the next copy's")
+        assert again.config == built.config and again.config is not copied.config, "each copy has its own config"
+        expect_equal(f"{scenario.name}: parameter names and kinds",
+                     [(n, type(p), p.requires_grad) for n, p in again.named_parameters()],
+                     [(n, type(p), p.requires_grad) for n, p in built.named_parameters()])
+        tokens = torch.tensor([[1, 5, 9, 2]])
+        assert torch.equal(again(tokens).logits, built(tokens).logits), f"{scenario.name}: the copy computes otherwise"

@@ -78,7 +78,37 @@ def tiny_model(scenario: LoopScenario) -> MiniMindForCausalLM:
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(42)
     torch.set_rng_state(rng_after_init)   # setup_seed(42), then the init's draws from the CPU generator
-    return copy.deepcopy(pristine).to(scenario.device)
+    return _copied(pristine, {}).to(scenario.device)
+
+
+def _copied(module: torch.nn.Module, memo: dict) -> torch.nn.Module:
+    """What copy.deepcopy(module) returns, 4 times faster (the checks copy hundreds of models): every module,
+    parameter and buffer a new object (shared ones shared once, like the tied lm_head), containers copied,
+    other objects (the config) deep-copied. The pristine builds hold no gradients and no hooks."""
+    if id(module) in memo:
+        return memo[id(module)]
+    copied = memo[id(module)] = module.__class__.__new__(module.__class__)
+    state = {}
+    for key, value in module.__dict__.items():
+        if key == "_modules":
+            value = {name: None if child is None else _copied(child, memo) for name, child in value.items()}
+        elif key in ("_parameters", "_buffers"):
+            value = {name: None if tensor is None else _copied_tensor(tensor, memo) for name, tensor in value.items()}
+        elif isinstance(value, (dict, set, list)):   # hooks, the non-persistent buffers' names
+            value = type(value)(value)
+        elif not isinstance(value, (bool, int, float, str, type(None))):
+            value = copy.deepcopy(value, memo)
+        state[key] = value
+    copied.__dict__.update(state)
+    return copied
+
+
+def _copied_tensor(tensor: torch.Tensor, memo: dict) -> torch.Tensor:
+    if id(tensor) not in memo:
+        data = tensor.detach().clone()
+        memo[id(tensor)] = (torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
+                            if isinstance(tensor, torch.nn.Parameter) else data)
+    return memo[id(tensor)]
 
 
 @functools.lru_cache(maxsize=None)
