@@ -4,8 +4,9 @@
     python labs/bench_suite.py tests/test_notebooks.py -x    # any pytest arguments: files, -k, -x, ...
 
 Module- and session-scoped fixtures count where pytest runs them: in the setup of the first test that
-asks for them. With ``-n`` the seconds are summed over the workers, so they exceed the wall time. The goal is the whole suite in at most 300 s on an idle 2-core machine. Timing belongs
-here, not in tests (a loaded CI machine must not fail a test for being slow).
+asks for them. With ``-n`` the seconds are summed over the workers, so they exceed the wall time. The goal
+is the whole suite in at most 300 s on an idle 2-core machine. Timing belongs here, not in tests (a loaded
+CI machine must not fail a test for being slow).
 """
 from __future__ import annotations
 

@@ -46,8 +46,8 @@ def cell_timeout(cell):
 c.Execute.timeout_func = cell_timeout
 """
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-EVERY_ASSIGNMENT = "*"
-RELEASE_COMMAND = "python -m course release"   # the README's   # nbgrader globs the assignment id: one command grades every lesson
+EVERY_ASSIGNMENT = "*"   # nbgrader globs the assignment id: one command grades every lesson
+RELEASE_COMMAND = "python -m course release"   # the README's
 
 
 def run_nbgrader(course_dir: Path, *args: str, timeout: float, kernels: Optional[dict] = None):

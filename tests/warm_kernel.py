@@ -10,7 +10,7 @@ client passes the signals jupyter sends (a cell timeout interrupts the kernel wi
 with its exit code; a client that is killed gets its kernel killed. The README's ``nbgrader validate`` keeps
 jupyter's own kernel.
 
-    python tests/warm_kernel.py serve SOCKET        # the server (``server()`` starts one)
+    python tests/warm_kernel.py serve SOCKET        # the server (``kernel_environment`` starts one)
     python tests/warm_kernel.py -f CONNECTION_FILE  # a kernel, as jupyter starts it
 """
 from __future__ import annotations

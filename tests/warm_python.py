@@ -1,13 +1,13 @@
 """``python ...`` commands run in a fork of a Python that has already imported torch.
 
 Starting Python and importing torch takes ~2 s, most of a documented command's run (nbgrader's ~2.5 s), and
-the first optimizer a process builds imports torch._dynamo (~1.5 s more). A server process (one per test process
-and set of modules) imports torch, torch._dynamo and numpy (or nbgrader) once, then forks
-a child per command. The child becomes what ``python ARGS`` would be: the command's working directory, environment, argv, ``sys.path`` (the script's
-folder, the working directory for ``-m`` or '' for ``-c``, then the command's PYTHONPATH, then the
-interpreter's site folders), torch's thread count from OMP_NUM_THREADS (or
-torch's default), stdout/stderr captured apart, the exit code of SystemExit or 1 with the traceback for an
-uncaught exception, the exit handlers run. The course's modules are imported fresh in each child, from the
+the first optimizer a process builds imports torch._dynamo (~1.5 s more). A server process (one per test
+process and set of modules) imports torch, torch._dynamo and numpy (or nbgrader) once, then forks a child per
+command. The child becomes what ``python ARGS`` would be: the command's working directory, environment, argv,
+``sys.path`` (the script's folder, the working directory for ``-m`` or '' for ``-c``, then the command's
+PYTHONPATH, then the interpreter's site folders), torch's thread count from OMP_NUM_THREADS (or torch's
+default), stdout/stderr captured apart, the exit code of SystemExit or 1 with the traceback for an uncaught
+exception, the exit handlers run. The course's modules are imported fresh in each child, from the
 child's ``sys.path``: a wrong path or a missing import fails here as it fails for a student.
 
 Only a plain ``[VAR=value ...] python (SCRIPT | -m MODULE | -c CODE) [ARGS]`` line goes to the server; a line

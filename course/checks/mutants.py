@@ -252,18 +252,20 @@ def exercises_reaching(lesson: Lesson, source: str, function: str) -> list[str]:
     """The exercises whose checks can run ``function`` ("name" or "Class.method") of the reference ``source``:
     those that are, or name, it or a definition naming it (transitively), and those whose checks use one of
     them. Every exercise when code outside the definitions names one (it may run at import)."""
-    tree = ast.parse(source)
-    definitions = {node.name: node for node in tree.body
-                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-
     def names(node) -> set[str]:
         return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    definitions, elsewhere = {}, set()   # definition -> the names its code uses; names used outside definitions
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            definitions[node.name] = names(node)
+        else:
+            elsewhere |= names(node)
     reached, added = set(), {function.split(".")[0]}
     while added:
         reached |= added
-        added = {name for name, node in definitions.items() if name not in reached and names(node) & reached}
+        added = {name for name, used in definitions.items() if name not in reached and used & reached}
     exercises = {e.name for e in lesson.exercises}
-    if any(names(node) & reached for node in tree.body if node not in definitions.values()):
+    if elsewhere & reached:
         return sorted(exercises)
     reaching = reached & exercises
     return sorted(reaching | {c.exercise for c in lesson.checks if set(c.uses) & reaching})
