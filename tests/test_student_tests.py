@@ -89,3 +89,31 @@ def test_a_replayed_accumulation_equals_running_it_and_reruns_on_any_other_input
         before = len(calls)
         replayed(model, batches, k)
         assert len(calls) == before + 1, f"{label}: replayed, EXPECTED a real run"
+
+
+def test_plain_tensor_comparisons_compare_as_assert_close_does_and_restore_it():
+    """While a student's test runs, assert_close skips its DTensor import; on plain tensors it must pass and fail
+    exactly as outside, and leave torch as it found it, even when the test raises."""
+    import torch
+    import torch.testing._comparison as comparison
+
+    from course.checks.student_tests import plain_tensor_comparisons
+
+    expected, close, off = torch.ones(3), torch.ones(3) + 1e-7, torch.tensor([1.0, 1.0, 1.01])
+
+    def verdict(actual):
+        try:
+            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6)
+        except AssertionError as exc:
+            return str(exc)
+        return "passed"
+
+    outside = [verdict(close), verdict(off)]
+    saved = comparison._HAS_DTENSOR
+    with pytest.raises(AssertionError):
+        with plain_tensor_comparisons():
+            inside = [verdict(close), verdict(off)]
+            torch.testing.assert_close(off, expected)
+    assert inside == outside, f"ACTUAL {inside} EXPECTED {outside} (the same verdicts and messages)"
+    assert outside[0] == "passed" and outside[1] != "passed"
+    assert comparison._HAS_DTENSOR is saved, "the DTensor flag must be restored after an assertion escapes"

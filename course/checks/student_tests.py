@@ -11,11 +11,14 @@ the crash comes from the test's own code, and the same crash can hide a real bug
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
+import torch.testing._comparison as comparison
 
 from .catalogue import Mistake, mistake
 from .framework import fail
@@ -237,41 +240,57 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
 
 
+@contextlib.contextmanager
+def plain_tensor_comparisons():
+    """``torch.testing.assert_close`` without its DTensor unwrapping while the student's test runs: its first
+    call imports ``torch.distributed.tensor`` (~0.8 s here, sympy included) to ask whether an argument is a
+    DTensor, and a graded test compares plain tensors only; for them the comparison is the same."""
+    if "torch.distributed.tensor" in sys.modules or not hasattr(comparison, "_HAS_DTENSOR"):
+        yield
+        return
+    saved, comparison._HAS_DTENSOR = comparison._HAS_DTENSOR, False
+    try:
+        yield
+    finally:
+        comparison._HAS_DTENSOR = saved
+
+
 def grade_student_test(test_name: str, student_test: Callable, correct: Sequence[Callable],
                        wrong: Sequence[WrongImplementation], correct_hint: str) -> None:
     """``student_test(c)`` returns for every ``c`` in ``correct``; ``student_test(w.accumulate)`` raises
     ``AssertionError`` for every ``w`` in ``wrong``, ``one_gradient_off(correct[0])`` and
     ``edited_gradients(correct[0])``. A stub's NotImplementedError propagates (TODO)."""
-    replayed = Replayed(correct[0])
-    for implementation in (replayed, *correct[1:]):
-        try:
-            student_test(implementation)
-        except NotImplementedError:
-            raise
-        except AssertionError as exc:
-            fail(f"{test_name} rejects a CORRECT implementation ({implementation.__name__})", _short(exc),
-                 "the test returns (passes)", f"hint: {correct_hint}")
-        except Exception as exc:
-            fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
-                 "the test returns (passes)", "hint: the implementation's contract is in its docstring "
-                 "(course/runs/accumulation.py); run your test on it by hand")
-    for implementation in itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed)):
-        try:
-            student_test(implementation.accumulate)
-        except NotImplementedError:
-            raise
-        except AssertionError:
-            continue
-        except Exception as exc:
-            fail(f"{test_name} crashed on the wrong implementation {implementation.name} instead of failing "
-                 f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
-                 "hint: a test states its verdict with an assertion; a crash is a bug in the test itself")
-        if implementation.edited_nothing:
-            continue
-        fail(f"your test let through {implementation.name}: {implementation.wrong}",
-             "the test returned (passed)", "AssertionError (the test fails on this implementation)",
-             f"hint: {implementation.explain(student_test)}. And does the test assert on every parameter's "
-             "gradient, with a tolerance near float rounding?")
+    with plain_tensor_comparisons():
+        replayed = Replayed(correct[0])
+        for implementation in (replayed, *correct[1:]):
+            try:
+                student_test(implementation)
+            except NotImplementedError:
+                raise
+            except AssertionError as exc:
+                fail(f"{test_name} rejects a CORRECT implementation ({implementation.__name__})", _short(exc),
+                     "the test returns (passes)", f"hint: {correct_hint}")
+            except Exception as exc:
+                fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
+                     "the test returns (passes)", "hint: the implementation's contract is in its docstring "
+                     "(course/runs/accumulation.py); run your test on it by hand")
+        for implementation in itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed)):
+            try:
+                student_test(implementation.accumulate)
+            except NotImplementedError:
+                raise
+            except AssertionError:
+                continue
+            except Exception as exc:
+                fail(f"{test_name} crashed on the wrong implementation {implementation.name} instead of failing "
+                     f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
+                     "hint: a test states its verdict with an assertion; a crash is a bug in the test itself")
+            if implementation.edited_nothing:
+                continue
+            fail(f"your test let through {implementation.name}: {implementation.wrong}",
+                 "the test returned (passed)", "AssertionError (the test fails on this implementation)",
+                 f"hint: {implementation.explain(student_test)}. And does the test assert on every parameter's "
+                 "gradient, with a tolerance near float rounding?")
 
 
 # --- mistakes both test-writing exercises share ------------------------------------------------------
