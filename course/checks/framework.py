@@ -210,7 +210,8 @@ def expect_close(what: str, actual: float, expected: float, *, rtol: float, atol
     if actual == expected:  # also covers matching infinities
         return
     diff = abs(actual - expected)
-    if not diff <= atol + rtol * abs(expected) or math.isnan(actual) != math.isnan(expected):
+    # an infinite expected value allows an infinite tolerance: only the same infinity matches it
+    if not diff <= atol + rtol * abs(expected) or math.isinf(expected) or math.isnan(actual) != math.isnan(expected):
         fail(what, actual, expected, f"|diff| = {diff:.3e} > tolerance (rtol={rtol:g}, atol={atol:g})")
 
 
