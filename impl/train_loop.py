@@ -153,8 +153,10 @@ def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
     What the grader runs it on (§5.6 has the table): the correct version and the same in float64 must
     pass; five wrong accumulations (no division by K, division twice, gradients zeroed every micro-batch,
     the first micro-batch alone, division by the micro-batch size), one per large parameter tensor a
-    gradient 1 % off in that tensor alone, and gradients with the right norms, sums and absolute values but
-    the wrong signs, places or parameters must each fail it with ``AssertionError`` (a crash is no verdict).
+    gradient 1 % off in that tensor alone, gradients with the right norms, sums and absolute values but
+    the wrong signs, places or parameters, one element of each tensor wrong, and the smallest gradient
+    tensor zeroed must each fail it with ``AssertionError`` (a crash is no verdict); a parameter left
+    without a gradient (``.grad`` None) and an implementation that raises must fail it with any exception.
     Choose inputs under which each wrong one differs from the right one, and a tolerance between float
     rounding and the smallest gradient's 1 % error (the norm weights' elements are ~6e-4, so their 1 % error
     hides under ``assert_close``'s default ``atol=1e-5``). Tools (already imported here):

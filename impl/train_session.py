@@ -219,8 +219,10 @@ def test_token_weighted_matches_global_batch(accumulate_token_weighted) -> None:
     How it is graded: it must pass the correct implementation, in float32 and in float64 (float rounding,
     ~1e-8, is no bug), and raise ``AssertionError`` (a crash is no verdict) on each wrong one of §4.4:
     the mean of micro-batch means, counts with masked or unshifted targets, each micro-batch by its own
-    count, a single large gradient tensor 1 % off (elements as small as ~7e-4), and wrong signs, swapped
-    parameters or shifted elements that keep every norm and sum. The tools are imported above
+    count, a single large gradient tensor 1 % off (elements as small as ~7e-4), wrong signs, swapped
+    parameters or shifted elements that keep every norm and sum, one element of each tensor wrong, and the
+    smallest gradient tensor zeroed. Two malformed ones must fail it too, with any exception: a parameter
+    left without a gradient (``.grad`` None) and an implementation that raises. The tools are imported above
     (``masked_micro_batches``, ``tiny_model(SESSION_SCENARIO)``, ``token_nll_sum``, ``shifted_target_count``).
     """
     raise NotImplementedError("test_token_weighted_matches_global_batch: TODO - see lesson 16 §4.4")

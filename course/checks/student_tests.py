@@ -5,9 +5,10 @@ when ``implementation`` is wrong. ``grade_student_test`` runs it on correct impl
 return) and on each catalogued wrong implementation (it must raise ``AssertionError``).
 
 Only ``AssertionError`` (what ``assert`` and ``torch.testing.assert_close`` raise) counts as rejecting
-a wrong implementation. Every wrong implementation here returns normally and leaves well-formed
-gradients, so a test that crashes on one (``TypeError``, ``KeyError``...) did not reach its verdict:
-the crash comes from the test's own code, and the same crash can hide a real bug tomorrow.
+a wrong implementation that returns normally and leaves well-formed gradients: a test that crashes on one
+(``TypeError``, ``KeyError``...) did not reach its verdict, the crash comes from the test's own code, and
+the same crash can hide a real bug tomorrow. Two wrong implementations are malformed on purpose (one leaves
+a parameter without a gradient, one raises): any exception rejects those.
 """
 from __future__ import annotations
 
@@ -15,22 +16,16 @@ import contextlib
 import itertools
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.testing._comparison as comparison
 
 from .catalogue import Mistake, mistake
 from .framework import fail
+from .wrong_gradients import edited_gradients, malformed_results, one_gradient_off, why_let_through
 
 MESSAGE_CHARS = 600   # of the student's own assertion message, quoted in a failure
-# One gradient tensor made this much too large is a wrong implementation too: a test must compare every
-# parameter with a tolerance far below it (float rounding here is ~1e-8). Only tensors holding at least
-# ONE_TENSOR_SHARE of the total gradient norm are edited, so a bound on the relative error of all
-# gradients together (||actual - expected|| / ||expected|| <= 1e-5) still sees each edit.
-ONE_TENSOR_ERROR = 1e-2
-ONE_TENSOR_SHARE = 1e-3
-DEFAULT_FLOAT32_ATOL = 1e-5   # torch.testing.assert_close's atol for float32 when none is given
 
 
 @dataclass(frozen=True)
@@ -40,155 +35,11 @@ class WrongImplementation:
     hint: str                       # why a test may let it through
     accumulate: Callable
     edited_nothing = False          # not a field: a GradientEdit's may be True
+    malformed = False               # not a field: True where any exception, not only AssertionError, rejects it
 
     def explain(self, student_test: Callable) -> str:
         """Why ``student_test`` may have let this implementation through."""
         return self.hint
-
-
-def large_gradients(model) -> list[tuple[str, torch.Tensor]]:
-    """(name, .grad) of each parameter whose gradient holds >= ONE_TENSOR_SHARE of the total gradient norm."""
-    named = [(name, p.grad) for name, p in model.named_parameters() if p.grad is not None]
-    total = float(torch.sqrt(sum(grad.double().pow(2).sum() for _, grad in named))) if named else 0.0
-    return [(name, grad) for name, grad in named if float(grad.double().norm()) >= ONE_TENSOR_SHARE * total > 0]
-
-
-class GradientEdit:
-    """A wrong implementation: the correct ``accumulate``, then ``edit`` changes the large gradients it left
-    (``large_gradients``) in place and returns the (name, gradient) pairs it changed. ``wrong`` and ``hint``
-    may name them as {parameters}; ``tensors`` is how many large gradients there were (None: never called)."""
-
-    def __init__(self, name: str, accumulate: Callable, edit: Callable, wrong: str, hint: str):
-        self.name, self._accumulate, self._edit, self._wrong, self._hint = name, accumulate, edit, wrong, hint
-        self.tensors, self.edited = None, []
-
-    @property
-    def edited_nothing(self) -> bool:
-        """Called on a model with nothing to edit (e.g. no two gradients of one shape): it was not wrong."""
-        return self.tensors is not None and not self.edited
-
-    @property
-    def parameters(self) -> str:
-        return " and ".join(name for name, _ in self.edited) or "?"
-
-    @property
-    def wrong(self) -> str:
-        return self._wrong.format(parameters=self.parameters)
-
-    @property
-    def hint(self) -> str:
-        return self._hint.format(parameters=self.parameters)
-
-    def explain(self, student_test: Callable) -> str:
-        return self.hint
-
-    def accumulate(self, model, *args) -> None:
-        self._accumulate(model, *args)
-        large = large_gradients(model)
-        self.tensors, self.edited = len(large), self._edit(large)
-
-
-class OneGradientOff(GradientEdit):
-    """The ``index``-th large gradient made ONE_TENSOR_ERROR too large."""
-
-    def __init__(self, accumulate: Callable, index: int):
-        super().__init__(f"accumulate_one_gradient_off[{index}]", accumulate, self._scale,
-                         f"correct except that the gradient of {{parameters}} is {ONE_TENSOR_ERROR:.0%} too large",
-                         "compare EVERY parameter's gradient (not one tensor, a norm or a sum), with a tolerance "
-                         f"far below {ONE_TENSOR_ERROR:.0%}")
-        self.index, self.size = index, None    # size: the largest |element| of the edited gradient
-
-    def _scale(self, large):
-        edited = large[self.index:self.index + 1]
-        for _, grad in edited:
-            self.size = float(grad.abs().max())
-            grad.mul_(1 + ONE_TENSOR_ERROR)
-        return edited
-
-    def explain(self, student_test: Callable) -> str:
-        """Why ``student_test`` let this through: run again with the same gradient negated (an error of 200 %),
-        it either still passes (the test does not compare this gradient) or fails (the tolerance hides 1 %)."""
-        negated = GradientEdit(self.name, self._accumulate,
-                               lambda large: _negate_all(large[self.index:self.index + 1]), "", "")
-        try:
-            student_test(negated.accumulate)
-        except AssertionError:
-            if self.size * ONE_TENSOR_ERROR >= DEFAULT_FLOAT32_ATOL:
-                return (f"your test compares this gradient, with a tolerance that lets a {ONE_TENSOR_ERROR:.0%} "
-                        f"error through: choose one far below {ONE_TENSOR_ERROR:.0%}, far above float rounding")
-            return (f"your test compares this gradient, but atol {DEFAULT_FLOAT32_ATOL:.0e} "
-                    "(torch.testing.assert_close's float32 default) is larger than this gradient's "
-                    f"{ONE_TENSOR_ERROR:.0%} error "
-                    f"~{self.size * ONE_TENSOR_ERROR:.1e} (its elements are up to ~{self.size:.1e}): set atol "
-                    "relative to the gradient scale, far below the smallest error to catch, or bound the relative "
-                    "error of all gradients together")
-        except Exception:
-            return self.hint
-        return (f"your test does not compare {self.parameters}'s gradient element-wise (it passes it negated "
-                f"too): {self.hint}")
-
-
-def one_gradient_off(accumulate: Callable) -> Iterator[OneGradientOff]:
-    """One wrong implementation per large gradient tensor of the model the student's test uses, made
-    lazily: the count is known once the test has called the first one."""
-    index = 0
-    while True:
-        wrong = OneGradientOff(accumulate, index)
-        yield wrong
-        index += 1
-        if wrong.tensors is None or index >= wrong.tensors:
-            return
-
-
-def _negate_all(large):
-    for _, grad in large:
-        grad.neg_()
-    return large
-
-
-def _negate_last(large):
-    return _negate_all(large[-1:])
-
-
-def _swap_same_shape(large):
-    """Swaps the first two gradients of one shape (and different values) in the model's order."""
-    for (first_name, first), (second_name, second) in itertools.combinations(large, 2):
-        if first.shape == second.shape and not torch.equal(first, second):
-            held = first.clone()
-            first.copy_(second)
-            second.copy_(held)
-            return [(first_name, first), (second_name, second)]
-    return []
-
-
-def _shift_elements(large):
-    for _, grad in large:
-        grad.copy_(grad.flatten().roll(1).view_as(grad))
-    return large
-
-
-ELEMENT_WISE = "compare the gradient tensors element-wise, each against the same parameter's expected gradient"
-
-
-def edited_gradients(accumulate: Callable) -> list[GradientEdit]:
-    """Wrong implementations that keep what a weak comparison looks at (each tensor's norm, sum, mean or
-    absolute values; the norm or sum of all gradients) and break the gradients themselves."""
-    return [
-        GradientEdit("accumulate_gradient_ascent", accumulate, _negate_all,
-                     "every large gradient negated (gradient ascent): the right norms and absolute values, the wrong "
-                     "direction", f"a norm, an absolute value or a square cannot see a sign: {ELEMENT_WISE}"),
-        GradientEdit("accumulate_one_gradient_negated", accumulate, _negate_last,
-                     "correct except that the gradient of {parameters} is negated: every norm right",
-                     f"a norm (of one tensor or of all) cannot see a sign: {ELEMENT_WISE}"),
-        GradientEdit("accumulate_gradients_swapped", accumulate, _swap_same_shape,
-                     "the gradients of {parameters} (the same shape) swapped: every value right, on the wrong "
-                     "parameter", "a total over all parameters (norm, sum) cannot see which parameter a gradient "
-                     f"landed on: {ELEMENT_WISE}"),
-        GradientEdit("accumulate_elements_shifted", accumulate, _shift_elements,
-                     "each gradient tensor's elements shifted by one place: every tensor's norm, sum, mean and "
-                     "values right, in the wrong places", "a norm, sum, mean, max or the sorted values of a tensor "
-                     f"cannot see where its values are: {ELEMENT_WISE}"),
-    ]
 
 
 class Replayed:
@@ -259,7 +110,8 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
                        wrong: Sequence[WrongImplementation], correct_hint: str) -> None:
     """``student_test(c)`` returns for every ``c`` in ``correct``; ``student_test(w.accumulate)`` raises
     ``AssertionError`` for every ``w`` in ``wrong``, ``one_gradient_off(correct[0])`` and
-    ``edited_gradients(correct[0])``. A stub's NotImplementedError propagates (TODO)."""
+    ``edited_gradients(correct[0])``, and fails (any exception) on ``malformed_results(correct[0])``. A stub's
+    NotImplementedError propagates (TODO)."""
     with plain_tensor_comparisons():
         replayed = Replayed(correct[0])
         for implementation in (replayed, *correct[1:]):
@@ -274,7 +126,8 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
                 fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
                      "the test returns (passes)", "hint: the implementation's contract is in its docstring "
                      "(course/runs/accumulation.py); run your test on it by hand")
-        for implementation in itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed)):
+        for implementation in itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed),
+                                              malformed_results(replayed)):
             try:
                 student_test(implementation.accumulate)
             except NotImplementedError:
@@ -282,6 +135,8 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
             except AssertionError:
                 continue
             except Exception as exc:
+                if implementation.malformed:
+                    continue
                 fail(f"{test_name} crashed on the wrong implementation {implementation.name} instead of failing "
                      f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
                      "hint: a test states its verdict with an assertion; a crash is a bug in the test itself")
@@ -289,8 +144,8 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
                 continue
             fail(f"your test let through {implementation.name}: {implementation.wrong}",
                  "the test returned (passed)", "AssertionError (the test fails on this implementation)",
-                 f"hint: {implementation.explain(student_test)}. And does the test assert on every parameter's "
-                 "gradient, with a tolerance near float rounding?")
+                 f"hint: {why_let_through(student_test, replayed, implementation)}. And does the test assert on "
+                 "every parameter's gradient, with a tolerance near float rounding?")
 
 
 # --- mistakes both test-writing exercises share ------------------------------------------------------
@@ -307,11 +162,37 @@ def assert_gradients(rtol: str, actual: str = "param.grad", expected: str = "exp
             '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
 
 
-def weak_comparisons(function: str, rtol: str, check: Callable) -> list[Mistake]:
-    """The weakenings of a reference test's last lines (``function`` ends by comparing every parameter's
-    gradient with ``assert_close(rtol=rtol, atol=1e-6)``); each must FAIL ``check``."""
+def weak_comparisons(function: str, rtol: str, check: Callable, call: str) -> list[Mistake]:
+    """The weakenings of a reference test (``function`` calls the implementation in the line ``call``, then
+    compares every parameter's gradient with ``assert_close(rtol=rtol, atol=1e-6)``); each must FAIL ``check``."""
     comparison = COMPARE_EVERY_PARAMETER + assert_gradients(rtol)
+    indented_call = "".join(f"    {line}\n" for line in call.splitlines())
+
+    def compare_elements(select: str) -> str:
+        return assert_gradients(rtol, f"param.grad{select}", f"expected.grad{select}")
+
+    def skip_parameters(condition: str) -> str:
+        return COMPARE_EVERY_PARAMETER + f"        if {condition}:\n            continue\n" + assert_gradients(rtol)
     return [
+        mistake("test_swallows_errors", "the implementation's exceptions caught: a crashing implementation passes",
+                function, call, f"    try:\n{indented_call}    except Exception:\n        return\n", check),
+        mistake("test_largest_element_only", "compares each gradient's largest element only", function,
+                assert_gradients(rtol), compare_elements(".flatten()[expected.grad.abs().argmax()]"), check),
+        mistake("test_first_rows_only", "compares the first two rows (elements of a vector) of each gradient",
+                function, assert_gradients(rtol), compare_elements("[:2]"), check),
+        mistake("test_strided_elements", "compares every 97th element of each gradient", function,
+                assert_gradients(rtol), compare_elements(".flatten()[::97]"), check),
+        mistake("test_cosine_only", "compares each gradient's direction (cosine similarity 1), not its size",
+                function, assert_gradients(rtol),
+                assert_gradients(rtol, "torch.nn.functional.cosine_similarity(param.grad.double().flatten(), "
+                                       "expected.grad.double().flatten(), dim=0)",
+                                 "torch.tensor(1.0, dtype=torch.float64)"), check),
+        mistake("test_skips_missing_gradients", "skips a parameter without a gradient: a forgotten parameter passes",
+                function, comparison, skip_parameters("param.grad is None"), check),
+        mistake("test_skips_small_gradients", "skips gradients under 1 % of the total norm (the norm weights)",
+                function, comparison,
+                skip_parameters("expected.grad.norm() < 1e-2 * torch.stack([p.grad.norm() for p in big.parameters()])"
+                                ".norm()"), check),
         mistake("test_asserts_nothing", "the test compares nothing: every implementation passes", function,
                 assert_gradients(rtol), "        pass\n", check),
         mistake("test_one_parameter_only", "compares the gradient of the first parameter only (the embedding)",

@@ -174,7 +174,9 @@ MISTAKES = [
     mistake("rejects_one_batch_epoch", "iters <= 1 refused: an epoch of one micro-batch is valid",
         "train_one_epoch", "if iters <= 0:", "if iters <= 1:", train_one_epoch_accepts_boundary_arguments),
     # the student's test (reference: course/reference/train_loop.py) with one edit each
-    *weak_comparisons("test_accumulation_matches_big_batch", "1e-4", accumulation_test_passes_correct_and_fails_wrong),
+    *weak_comparisons("test_accumulation_matches_big_batch", "1e-4", accumulation_test_passes_correct_and_fails_wrong,
+                      "    accumulate_gradients(model, list(zip(input_ids.split(micro_size), "
+                      "labels.split(micro_size))), k)\n"),
     mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
         "test_accumulation_matches_big_batch",
         "rtol=1e-4, atol=1e-6,", "rtol=0.0, atol=0.0,", accumulation_test_passes_correct_and_fails_wrong),

@@ -233,7 +233,8 @@ MISTAKES = [
         migrate_handles_legacy_boundaries),
     # the student's test (reference: course/reference/train_session.py) with one edit each
     *weak_comparisons("test_token_weighted_matches_global_batch", "1e-5",
-                      token_weighted_test_passes_correct_and_fails_wrong),
+                      token_weighted_test_passes_correct_and_fails_wrong,
+                      "    accumulate_token_weighted(model, micro_batches)\n"),
     mistake("test_equal_counts", "every sample fully valid: 30 targets per micro-batch, the mean of means is right",
         "test_token_weighted_matches_global_batch",
         "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 16),) * 4",
