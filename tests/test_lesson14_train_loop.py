@@ -8,7 +8,7 @@ from mistake_results import mistake_result
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal
-from course.checks.lesson14.loop import aux_backward_hint, loss_hint, norm_hint, update_hint
+from course.checks.lesson14.loop_hints import aux_backward_hint, loss_hint, norm_hint, update_hint
 from course.runs.scenarios import LOOP_BASE
 
 LESSON = get_lesson("14")
@@ -75,6 +75,13 @@ def failure_message(mistake_name: str) -> str:
     ("off_by_one_step", "a window closes on its K-th micro-step"),
     ("flush_ignores_start_step", "this call ran no micro-step"),
     ("flush_counts_windows_from_start_step", "windows count from micro-step 1 of the epoch"),
+    ("hardcoded_base_lr", "proportional to the caller's base_lr"),
+    ("skipped_norm_recorded_finite", "a skipped update records inf or nan"),
+    ("tail_flush_on_last_boundary", "never a window closed on its K-th micro-step"),
+    ("clip_first_group_only", "not one param group's"),
+    ("host_copy_every_micro_step", "a host copy (cpu) per micro-step"),
+    ("numpy_every_micro_step", "a host copy (numpy) per micro-step"),
+    ("scaler_none_for_cuda", "the loop emits no warnings"),
 ])
 def test_a_broken_rule_is_named(mistake_name, rule):
     """Each catalogued mistake of an ordering or bookkeeping rule fails with a hint that names the rule it
