@@ -14,8 +14,8 @@ from course.minimind import get_lr
 from course.runs import LoopScenario, epoch_batches, run_impl, run_oracle, training_objects
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENARIOS
 
-from ..framework import (CheckFailure, check, expect_close, expect_equal, expect_tensor_close, expect_tensors_close, expect_type,
-                         fail)
+from ..framework import (CheckFailure, check, expect_close, expect_equal, expect_tensor_close, expect_tensors_close,
+                         expect_type, fail)
 from ..host_syncs import count_host_syncs
 from .checks import LR_RTOL
 from .loop_hints import (aux_backward_hint, aux_hint, flags_hint, group_norm_hint, hint, host_copy_hint, loss_hint,

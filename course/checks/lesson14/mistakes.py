@@ -312,7 +312,8 @@ MISTAKES = [
         "step == iters", "train_one_epoch", '"tail_flush": s == tail_step}', '"tail_flush": s in (tail_step, iters)}',
         train_one_epoch_matches_oracle_fp32),
     mistake("clip_first_group_only", "measures and clips param_groups[0]'s gradients only: other groups are "
-        "neither counted in the norm nor clipped", "_optimizer_update", "clip_grad_norm_(model.parameters(), grad_clip)",
+        "neither counted in the norm nor clipped", "_optimizer_update",
+        "clip_grad_norm_(model.parameters(), grad_clip)",
         'clip_grad_norm_(optimizer.param_groups[0]["params"], grad_clip)', train_one_epoch_matches_oracle_fp32),
     mistake("host_copy_every_micro_step", "loss.detach().cpu() at every micro-step: a device-to-host copy each",
         "train_one_epoch", "losses.append(loss.detach())", "losses.append(loss.detach().cpu())",
