@@ -27,7 +27,7 @@ def steps_hint(seen, expected_records) -> str:
 
 
 def flags_hint(key: str, got_steps, expected_records) -> str:
-    """Name the rule behind a wrong set of update_closed / overflow_skipped micro-steps."""
+    """Name the rule behind a wrong set of update_closed / overflow_skipped / tail_flush micro-steps."""
     got, want = set(got_steps), {(r["epoch"], r["step"]) for r in expected_records if r[key]}
     missing, extra = sorted(want - got), sorted(got - want)
     tails = {(r["epoch"], r["step"]) for r in expected_records if r["tail_flush"]}
@@ -63,7 +63,8 @@ def flags_hint(key: str, got_steps, expected_records) -> str:
 
 
 def lr_hint(scenario: LoopScenario, actual, want, earlier) -> str:
-    """A wrong lr that another rule explains: a schedule restarting per epoch, or a stale lr left in the optimizer."""
+    """A wrong lr that another rule explains: a schedule restarting per epoch, a stale lr left in the optimizer,
+    or the schedule of a fixed base_lr (a round one other than the base_lr passed)."""
     if actual is None or not isinstance(actual, (int, float)):
         return ""
     total = scenario.epochs * scenario.iters
