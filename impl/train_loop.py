@@ -97,8 +97,8 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
 
     Rules (each one graded):
     - Micro-steps are 1-based and continue after a resume: this call's first batch is micro-step
-      ``start_step + 1``. The lr follows ``cosine_lr`` over the GLOBAL micro-step of the whole run (all
-      epochs), so it restarts neither at an epoch nor at a resume.
+      ``start_step + 1``. The lr follows ``cosine_lr`` with the ``base_lr`` passed (the checks vary it) over the
+      GLOBAL micro-step of the whole run (all epochs), so it restarts neither at an epoch nor at a resume.
     - Every micro-step runs at its own lr, in EVERY param group, including the micro-steps that close no
       window: the optimizer holds that lr from before the micro-step's forward pass (a model may have several
       groups; the checks read the groups' lr at every forward and at every optimizer step).
@@ -106,27 +106,31 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
       loss made 1/K by ``scale_loss_for_accumulation``, through the scaler. Gradients add up over a window.
     - Each window's accumulated gradient is applied exactly once, by one optimizer step through the
       scaler, at the micro-step that closes it (``should_step_optimizer``). Invariants of that update:
-      the norm measured and clipped is the TRUE gradient's, never the scaled one's; the clip threshold is
-      the ``grad_clip`` passed, whatever its value (the checks use 0.05, 1.0 and 1e3); the optimizer steps
-      on the clipped gradients; the scale stays constant within a window and adapts once per update;
-      afterwards every ``.grad`` is None (not zeros), so the next window starts empty. Lesson 14 §1.5
-      shows why these rules leave one order only.
+      the norm measured and clipped is the TRUE gradient's, never the scaled one's, over every parameter
+      (all param groups); the clip threshold is the ``grad_clip`` passed, whatever its value (the checks use
+      0.05, 1.0 and 1e3); the optimizer steps on the clipped gradients; the scale stays constant within a
+      window and adapts once per update; afterwards every ``.grad`` is None (not zeros), so the next window
+      starts empty. Lesson 14 §1.5 shows why these rules leave one order only.
     - The tail flush: after the last batch, when ``should_flush_tail`` says so, the partial window gets
       that same update once. It follows the last micro-step this call actually ran: the loader may yield
       fewer than ``iters - start_step`` batches, and then ``iters`` says nothing about the tail.
     - An epoch that runs no micro-step (e.g. a resume at ``start_step == iters``) returns ``[]`` and
       changes nothing. An update whose gradients hold inf/NaN is skipped by an enabled scaler: the weights
       and AdamW's state do not move (lesson 14 §3 prediction 4 and §6.5 say what the scale does).
-    - No device-to-host sync per micro-step (``.item()``, ``float()``, ``.tolist()``, ...): an epoch of 5
-      micro-steps may convert tensors to Python no more often than one of 2 with the same single update.
+    - No device-to-host sync per micro-step (``.item()``, ``float()``, ``.tolist()``, ...) and no host copy
+      (``.cpu()``, ``.numpy()``): an epoch of 5 micro-steps may convert or copy tensors to the host no more
+      often than one of 2 with the same single update.
+    - The loop emits no warnings (the checks record them): a warning there means a misconfigured part, e.g. a
+      GradScaler built for another device type than ``device``'s.
 
     Returns one dict per micro-step run, in order: ``step`` (1-based); ``lr`` (the lr the optimizer held at
     that micro-step); ``loss`` (the unscaled training loss, aux included, not divided by K); ``aux_loss``;
     ``update_closed`` (this micro-step closed a window: the optimizer was asked to step, tail flush and
     skipped updates included); ``overflow_skipped`` (True iff an enabled scaler skipped ``optimizer.step``
     there; a scale that GREW after ``growth_interval`` clean updates is no skip; always False with
-    ``scaler=None``); ``grad_norm`` (the global norm before clipping where ``update_closed``, else None);
-    ``tail_flush`` (True only on the record whose partial window the tail flush closed). Values are Python
+    ``scaler=None``); ``grad_norm`` (the global norm before clipping where ``update_closed``, inf or nan where
+    the scaler skipped the update, else None); ``tail_flush`` (True only on the record whose partial window the
+    tail flush closed, never on a window closed on its K-th micro-step, even at ``iters``). Values are Python
     values, never tensors: ``step`` an int, ``lr``, ``loss``, ``aux_loss`` floats, ``grad_norm`` a float or
     None, the flags bools. E.g. 6 micro-batches, K = 4, start 0: updates close at steps 4 and 6,
     and only the record of step 6 has ``tail_flush`` True.

@@ -1,14 +1,17 @@
 """Lesson 14 beyond its checks (those run in tests/test_lesson_checks.py): the alignment report that
-``python -m course align 14`` prints, for each implementation, and the hints of failure messages."""
+``python -m course align 14`` prints, for each implementation, the hints of failure messages and the host-sync
+counter."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mistake_results import mistake_result
 
 from course.checks import get_lesson
 from course.checks.framework import expect_equal
-from course.checks.lesson14.loop import aux_backward_hint, loss_hint, norm_hint, update_hint
+from course.checks.host_syncs import count_host_syncs
+from course.checks.lesson14.loop_hints import aux_backward_hint, loss_hint, norm_hint, update_hint
 from course.runs.scenarios import LOOP_BASE
 
 LESSON = get_lesson("14")
@@ -75,6 +78,13 @@ def failure_message(mistake_name: str) -> str:
     ("off_by_one_step", "a window closes on its K-th micro-step"),
     ("flush_ignores_start_step", "this call ran no micro-step"),
     ("flush_counts_windows_from_start_step", "windows count from micro-step 1 of the epoch"),
+    ("hardcoded_base_lr", "proportional to the caller's base_lr"),
+    ("skipped_norm_recorded_finite", "a skipped update records inf or nan"),
+    ("tail_flush_on_last_boundary", "never a window closed on its K-th micro-step"),
+    ("clip_first_group_only", "not one param group's"),
+    ("host_copy_every_micro_step", "a host copy (cpu) per micro-step"),
+    ("numpy_every_micro_step", "a host copy (numpy) per micro-step"),
+    ("scaler_none_for_cuda", "the loop emits no warnings"),
 ])
 def test_a_broken_rule_is_named(mistake_name, rule):
     """Each catalogued mistake of an ordering or bookkeeping rule fails with a hint that names the rule it
@@ -99,3 +109,15 @@ def test_no_cause_named_where_nothing_points_at_one():
     unclipped = [{"epoch": 0, "step": 4, "update_closed": True, "tail_flush": False, "grad_norm": 0.5}]
     assert update_hint(LOOP_BASE, unclipped, 1) == "" and update_hint(LOOP_BASE, unclipped, 0) == ""
     assert "no clipping" in update_hint(LOOP_BASE.with_(grad_clip=0.1), unclipped, 1)
+
+
+def test_host_copies_are_counted_but_a_move_to_the_training_device_is_not():
+    """.cpu() and .numpy() count on any tensor (graded on the CPU, they copy from an accelerator on a GPU); a .to()
+    that leaves a CPU tensor on the CPU (.to(device) of a batch) does not; each method is restored afterwards."""
+    calls = []
+    with count_host_syncs(calls):
+        loss = torch.tensor(2.0)
+        loss.cpu(), loss.numpy(), loss.to("cpu"), loss.to(torch.float64), loss.item()
+    assert calls == ["cpu", "numpy", "item"], calls
+    loss.cpu()
+    assert calls == ["cpu", "numpy", "item"], "the counter must stop counting when the block ends"

@@ -54,6 +54,7 @@ class LoopScenario:
     growth_interval: int = 2000     # GradScaler: updates without inf/NaN before the scale doubles (torch's
                                     # default; a small one lets the scale grow in a tiny run)
     loader_length: Optional[int] = None     # batches per epoch when the data runs out early (default: all left)
+    two_param_groups: bool = False  # AdamW over two param groups (decay / no decay), see optimizer_param_groups
     device: str = "cpu"
 
     def with_(self, **changes) -> "LoopScenario":
@@ -158,7 +159,7 @@ def training_objects(scenario: LoopScenario) -> TrainingObjects:
     """A seeded tiny model, AdamW, a GradScaler and the autocast context of ``scenario`` (with the
     injected overflow hook when the scenario asks for one)."""
     model = tiny_model(scenario)
-    optimizer = eager(torch.optim.AdamW)(model.parameters(), lr=scenario.base_lr)
+    optimizer = eager(torch.optim.AdamW)(optimizer_param_groups(model, scenario), lr=scenario.base_lr)
     device_type = torch.device(scenario.device).type
     scaler = torch.amp.GradScaler(device_type, enabled=scenario.scaler_enabled,
                                   growth_interval=scenario.growth_interval)
@@ -167,6 +168,16 @@ def training_objects(scenario: LoopScenario) -> TrainingObjects:
     if scenario.overflow_at_backward is not None:
         inject_overflow(model, scenario.overflow_at_backward)
     return TrainingObjects(model, optimizer, scaler, autocast_ctx)
+
+
+def optimizer_param_groups(model: MiniMindForCausalLM, scenario: LoopScenario):
+    """``model.parameters()`` (upstream's one group), or with ``two_param_groups`` two groups as a decay / no-decay
+    split makes them: every other parameter each, weight decay 0.1 and 0.0 (a rule that reads one group only shows
+    in the other)."""
+    if not scenario.two_param_groups:
+        return model.parameters()
+    params = list(model.parameters())
+    return [{"params": params[::2], "weight_decay": 0.1}, {"params": params[1::2], "weight_decay": 0.0}]
 
 
 def inject_overflow(model: MiniMindForCausalLM, at_backward: int):

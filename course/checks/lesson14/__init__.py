@@ -1,7 +1,8 @@
 """Lesson 14: learning rate, gradient accumulation, mixed precision and clipping - the descriptor.
 
-The checks live beside it (``checks`` the four small functions, ``loop`` train_one_epoch, ``loop_arguments`` its
-argument rules, ``test_writing`` the student's test, ``extensions`` the optional §10), the mistake catalogue in ``mistakes``.
+The checks live beside it (``checks`` the four small functions, ``loop`` train_one_epoch with its failures' hints
+in ``loop_hints``, ``loop_arguments`` its argument rules, ``test_writing`` the student's test, ``extensions`` the
+optional §10), the mistake catalogue in ``mistakes``.
 """
 from __future__ import annotations
 

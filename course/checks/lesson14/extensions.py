@@ -10,7 +10,7 @@ from course.runs.eager import eager
 
 from ..framework import check, expect_close, expect_equal, expect_raises, expect_tensors_close, fail
 from .checks import LR_RTOL
-from .loop import hint
+from .loop_hints import hint
 
 
 def valid_call(what: str, fn):

@@ -4,21 +4,23 @@ scaler=None; the arguments: loop_arguments). Failures carry a hint where the num
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
-import math
+import warnings
+from pathlib import Path
 
 import torch
 
 from course.minimind import get_lr
 from course.runs import LoopScenario, epoch_batches, run_impl, run_oracle, training_objects
-from course.runs.eager import eager
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_BASE, LOOP_FP32_SCENARIOS
 
 from ..framework import (CheckFailure, check, expect_close, expect_equal, expect_tensor_close, expect_tensors_close,
                          expect_type, fail)
 from ..host_syncs import count_host_syncs
 from .checks import LR_RTOL
+from .loop_hints import (aux_backward_hint, aux_hint, flags_hint, group_norm_hint, hint, host_copy_hint, loss_hint,
+                         lr_hint, norm_hint, scaled_norm_hint, skipped_norm_hint, steps_hint, update_hint,
+                         warning_hint)
 
 
 # Grading tolerances against the oracle. The reference matches bitwise (tests/test_oracle.py); these
@@ -51,7 +53,8 @@ def compare_runs(scenario: LoopScenario, actual, expected, forward_lrs=None) -> 
         expect_equal(f"{where} micro-steps seen (epoch, step)", seen,
                      [(r["epoch"], r["step"]) for r in expected.records])
     for key, meaning in (("update_closed", "closed an accumulation window (optimizer asked to step)"),
-                         ("overflow_skipped", "the GradScaler skipped optimizer.step (inf/NaN gradients)")):
+                         ("overflow_skipped", "the GradScaler skipped optimizer.step (inf/NaN gradients)"),
+                         ("tail_flush", "the tail flush closed (a partial window, after the loop)")):
         got_steps = [(r["epoch"], r["step"]) for r in actual.records if r[key]]
         with hint(flags_hint(key, got_steps, expected.records)):
             expect_equal(f"{where} micro-steps that {meaning} (epoch, step)", got_steps,
@@ -69,7 +72,8 @@ def compare_runs(scenario: LoopScenario, actual, expected, forward_lrs=None) -> 
         with hint(aux_backward_hint(aux, want["aux_loss"], expected.records)):
             expect_close(f"{at}: aux_loss", aux, want["aux_loss"], rtol=LOSS_RTOL, atol=1e-8)
         norm = _float(got["grad_norm"])
-        with hint(scaled_norm_hint(scenario, norm, want["grad_norm"]) or norm_hint(norm, want["grad_norm"], k)
+        with hint(skipped_norm_hint(norm, want["grad_norm"]) or scaled_norm_hint(scenario, norm, want["grad_norm"])
+                  or group_norm_hint(scenario, norm, want["grad_norm"]) or norm_hint(norm, want["grad_norm"], k)
                   or aux_backward_hint(norm, want["grad_norm"], expected.records)):
             expect_close(f"{at}: grad_norm before clipping", norm, want["grad_norm"], rtol=NORM_RTOL)
     if expected.scale is not None:
@@ -99,153 +103,31 @@ def _float(value):
     return float(value) if value is not None else None
 
 
-def _ratio(actual, expected, k: int):
-    """actual / expected where a ratio can point at a cause (K > 1, both finite and non-zero), else None."""
-    if k == 1 or actual is None or expected is None or not expected or not math.isfinite(actual * expected):
-        return None
-    return actual / expected
+def warning_free(train_one_epoch, where: str):
+    """``train_one_epoch`` that fails naming the first warning a call emits: the loop emits none (a warning there is
+    a misconfiguration, e.g. a GradScaler built for CUDA that disables itself on a CPU-only machine)."""
+    def run(*args, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            records = train_one_epoch(*args, **kwargs)
+        if caught:
+            first = caught[0]
+            fail(f"{where} warnings emitted by train_one_epoch ({len(caught)}; the first)",
+                 f"{first.category.__name__}: {first.message} ({Path(first.filename).name}:{first.lineno})", "none",
+                 f"hint: {warning_hint(str(first.message))}")
+        return records
+    return run
 
 
-def steps_hint(seen, expected_records) -> str:
-    """Micro-step numbers that restart at 1 where the oracle's continue after a resume."""
-    if seen and expected_records and seen[0][1] == 1 and expected_records[0]["step"] > 1:
-        return ("micro-steps continue after a resume: the first batch of this call is micro-step start_step + 1 "
-                f"(here {expected_records[0]['step']}), not 1")
-    return ""
-
-
-def flags_hint(key: str, got_steps, expected_records) -> str:
-    """Name the rule behind a wrong set of update_closed / overflow_skipped micro-steps."""
-    got, want = set(got_steps), {(r["epoch"], r["step"]) for r in expected_records if r[key]}
-    missing, extra = sorted(want - got), sorted(got - want)
-    tails = {(r["epoch"], r["step"]) for r in expected_records if r["tail_flush"]}
-    skipped = {(r["epoch"], r["step"]) for r in expected_records if r["overflow_skipped"]}
-    causes = []
-    if key == "update_closed":
-        if set(missing) & tails:
-            causes.append(f"the tail flush is missing at (epoch, step) {sorted(set(missing) & tails)}: a partial window "
-                          "left when the epoch (or the loader) ends gets the update once; decide it from the last "
-                          "micro-step actually run, never from iters")
-        if set(missing) & skipped:
-            causes.append(f"a skipped update still closes its window at {sorted(set(missing) & skipped)}: "
-                          "update_closed means the optimizer was asked to step, whether or not the GradScaler stepped")
-        if extra:
-            causes.append(f"updates at {extra} where no window closes: a window of K closes on its K-th micro-step, "
-                          "counted from micro-step 1 of the epoch")
-    else:
-        if extra:
-            causes.append(f"overflow_skipped at {extra}, where the GradScaler stepped: a scale that grows (after "
-                          "growth_interval clean updates) is no skip, and a disabled scaler never skips")
-        if missing:
-            causes.append(f"the GradScaler skipped optimizer.step at {missing} (inf/NaN gradients): report "
-                          "overflow_skipped=True there, in the tail flush too")
-    return "; ".join(causes)
-
-
-def lr_hint(scenario: LoopScenario, actual, want, earlier) -> str:
-    """A wrong lr that another rule explains: a schedule restarting per epoch, or a stale lr left in the optimizer."""
-    if actual is None or not isinstance(actual, (int, float)):
-        return ""
-    total = scenario.epochs * scenario.iters
-    if want["epoch"] > 0 and abs(actual - get_lr(want["step"], total, scenario.base_lr)) <= 1e-12 * abs(actual):
-        return ("the schedule restarts every epoch: the lr follows the GLOBAL micro-step (epoch * iters + step of "
-                "epochs * iters)")
-    if actual == scenario.base_lr or any(actual == r.get("lr") for r in earlier):
-        return ("a stale lr: the optimizer still holds an earlier lr. Write this micro-step's lr into every param "
-                "group at EVERY micro-step, before its forward, not only where a window closes")
-    return ""
-
-
-def scaled_norm_hint(scenario: LoopScenario, actual, expected) -> str:
-    """A pre-clip norm a power of two (a GradScaler scale) times the oracle's: the clip saw scaled gradients."""
-    if not getattr(scenario, "scaler_enabled", False) or not actual or not expected:
-        return ""
-    if not (math.isfinite(actual) and math.isfinite(expected)):
-        return ""
-    ratio = actual / expected
-    if ratio >= 2 and abs(math.log2(ratio) - round(math.log2(ratio))) < 0.01:
-        return (f"norm = {ratio:.0f} x expected, a GradScaler scale: clipping the still-scaled gradients: unscale "
-                "first (scaler.unscale_ before clip_grad_norm_, lesson 14 §1.5)")
-    return ""
-
-
-def loss_hint(actual, expected, k: int) -> str:
-    ratio = _ratio(actual, expected, k)
-    if ratio is not None and abs(ratio * k - 1) < 0.01:
-        return f"loss = expected / K (K={k}): record the unscaled loss, before scale_loss_for_accumulation"
-    return ""
-
-
-def norm_hint(actual, expected, k: int) -> str:
-    """K micro-batch gradients summed are K to sqrt(K) times one of them (aligned to random directions)."""
-    ratio = _ratio(actual, expected, k)
-    if ratio is None:
-        return ""
-    if abs(ratio / k - 1) < 0.01:
-        return f"norm = K x expected (K={k}): is the loss divided by K (scale_loss_for_accumulation) before backward?"
-    if 0.5 / k <= ratio <= 1.25 / math.sqrt(k):
-        return (f"norm between 1/K and 1/sqrt(K) of expected (K={k}): are gradients zeroed every micro-step, "
-                "so only the last micro-batch's gradient is left?")
-    return ""
-
-
-def aux_hint(actual, expected, aux) -> str:
-    if actual is not None and aux and abs(expected - actual - aux) <= 1e-3 * abs(aux):
-        return "loss = expected - aux_loss: the aux loss is not in the loss (loss = out.loss + out.aux_loss)"
-    return ""
-
-
-# The MoE router's aux_loss is ~1e-3 of the LM loss: leaving it out of the backward moves a norm or the
-# router's next aux_loss by well under 1 %.
-AUX_SIZED = 0.01
-
-
-def aux_backward_hint(actual, expected, records) -> str:
-    """A small difference (norm, aux_loss) in a run with an aux loss points at a backward without it."""
-    if actual is None or not expected or not any(r["aux_loss"] for r in records):
-        return ""
-    if abs(actual / expected - 1) < AUX_SIZED:
-        return ("a small difference in a run with an aux loss: the aux loss is not in the backward "
-                "(backpropagate (out.loss + out.aux_loss) / K)")
-    return ""
-
-
-def update_hint(scenario: LoopScenario, records, index: int) -> str:
-    """The loss or the parameters first differ at ``index`` while every earlier lr, loss and norm matched: name
-    what only the updates before it use (the tail flush's lr, the clipping)."""
-    causes = []
-    if index > 0 and records[index - 1]["tail_flush"]:
-        update = records[index - 1]
-        causes.append(f"a stale lr in the tail flush at epoch {update['epoch']} step {update['step']} right before "
-                      "(write the lr into every param group at every micro-step, not only where a window closes)")
-    clipped = [(r["epoch"], r["step"]) for r in records[:index] if r["update_closed"] and r["grad_norm"] is not None
-               and math.isfinite(r["grad_norm"]) and r["grad_norm"] > scenario.grad_clip]
-    if clipped:
-        causes.append(f"no clipping to grad_clip: the updates at (epoch, step) {clipped} had pre-clip norms above "
-                      f"grad_clip={scenario.grad_clip} (clip_grad_norm_(model.parameters(), grad_clip), after "
-                      "unscale_)")
-    return "all earlier records matched; likely " + " or ".join(causes) if causes else ""
-
-
-@contextlib.contextmanager
-def hint(text: str):
-    """Append ``hint: text`` to a failure raised inside the block (when there is a hint)."""
-    try:
-        yield
-    except CheckFailure as exc:
-        if not text:
-            raise
-        raise CheckFailure(f"{exc}\n  hint: {text}") from None
-
-
-def observed(train_one_epoch, forward_lrs: list, one_shot: bool = False):
-    """``train_one_epoch`` that appends every param group's lr to ``forward_lrs`` at each forward pass of the model
-    and, if ``one_shot``, gets its batches as a generator (no len(): the loader may be any iterable)."""
+def observed(train_one_epoch, forward_lrs: list, where: str, one_shot: bool = False):
+    """``warning_free(train_one_epoch)`` that appends every param group's lr to ``forward_lrs`` at each forward pass
+    of the model and, if ``one_shot``, gets its batches as a generator (no len(): the loader may be any iterable)."""
     def run(model, loader, optimizer, **kwargs):
         handle = model.register_forward_pre_hook(
             lambda module, args: forward_lrs.append([group["lr"] for group in optimizer.param_groups]))
         try:
-            return train_one_epoch(model, (batch for batch in loader) if one_shot else loader, optimizer, **kwargs)
+            return warning_free(train_one_epoch, where)(
+                model, (batch for batch in loader) if one_shot else loader, optimizer, **kwargs)
         finally:
             handle.remove()
     return run
@@ -256,7 +138,8 @@ def impl_run(train_one_epoch, scenario: LoopScenario):
     """``run_impl``, shared by the checks of one grading run (the tail check and the base scenario), and the param
     groups' lr at each forward pass. A loader that ends early comes as a one-shot generator."""
     forward_lrs = []
-    result = run_impl(observed(train_one_epoch, forward_lrs, one_shot=scenario.loader_length is not None), scenario)
+    result = run_impl(observed(train_one_epoch, forward_lrs, f"[{scenario.name}]",
+                               one_shot=scenario.loader_length is not None), scenario)
     return result, forward_lrs
 
 
@@ -299,9 +182,10 @@ def train_one_epoch_returns_nothing_for_an_empty_epoch(impl):
     objects = training_objects(LOOP_BASE)
     before = {n: p.detach().clone() for n, p in objects.model.named_parameters()}
     try:
-        records = impl.train_one_epoch(objects.model, [], objects.optimizer, device="cpu", epoch=0, epochs=2,
-                                       iters=6, base_lr=5e-4, accumulation_steps=4, grad_clip=1.0, start_step=6)
-    except NotImplementedError:
+        records = warning_free(impl.train_one_epoch, "[an empty epoch]")(
+            objects.model, [], objects.optimizer, device="cpu", epoch=0, epochs=2, iters=6, base_lr=5e-4,
+            accumulation_steps=4, grad_clip=1.0, start_step=6)
+    except (NotImplementedError, CheckFailure):
         raise
     except Exception as exc:
         fail("train_one_epoch(loader=[], iters=6, start_step=6, K=4)", f"{type(exc).__name__}: {exc}", [],
@@ -316,13 +200,12 @@ def train_one_epoch_sets_lr_in_every_param_group(impl):
     """With two param groups (e.g. decay / no decay) every group holds the schedule's lr at every forward pass
     and at every optimizer step (4 micro-batches, K=3: an update at 3, the tail flush at 4)."""
     scenario = LOOP_BASE.with_(name="dense, 1 epoch of 4 micro-batches, K=3, two param groups", epochs=1, iters=4,
-                               accumulation_steps=3)
+                               accumulation_steps=3, two_param_groups=True)
     objects = training_objects(scenario)
-    params = list(objects.model.parameters())
-    optimizer = eager(torch.optim.AdamW)([{"params": params[::2]}, {"params": params[1::2]}], lr=scenario.base_lr)
+    optimizer = objects.optimizer
     at_steps, at_forwards = [], []
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: at_steps.append([g["lr"] for g in opt.param_groups]))
-    observed(impl.train_one_epoch, at_forwards)(
+    observed(impl.train_one_epoch, at_forwards, f"[{scenario.name}]")(
         objects.model, epoch_batches(scenario, 0), optimizer, device="cpu", epoch=0, epochs=1, iters=scenario.iters,
         base_lr=scenario.base_lr, accumulation_steps=3, grad_clip=1.0)
     with hint("write the lr into EVERY optimizer.param_groups entry, not only the first"):
@@ -343,14 +226,14 @@ def expect_group_lrs(where: str, seen: list, steps: tuple, scenario: LoopScenari
 
 @check("train_one_epoch", hidden=True)
 def train_one_epoch_scaler_none_is_disabled(impl):
-    """scaler=None means a disabled GradScaler: an inf gradient is not skipped (the update runs, the weights it
-    reaches become non-finite) and no record says overflow_skipped."""
+    """scaler=None means a disabled GradScaler for the device's type: an inf gradient is not skipped (the update
+    runs, the weights it reaches become non-finite), no record says overflow_skipped, and nothing warns."""
     scenario = LOOP_BASE.with_(name="dense, 2 micro-batches, K=2, scaler=None, inf gradient in micro-step 2",
                                epochs=1, iters=2, accumulation_steps=2, overflow_at_backward=2)
     objects = training_objects(scenario)
-    records = impl.train_one_epoch(objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu",
-                                   epoch=0, epochs=1, iters=scenario.iters, base_lr=scenario.base_lr,
-                                   accumulation_steps=scenario.accumulation_steps, grad_clip=1.0)
+    records = warning_free(impl.train_one_epoch, f"[{scenario.name}]")(
+        objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu", epoch=0, epochs=1,
+        iters=scenario.iters, base_lr=scenario.base_lr, accumulation_steps=scenario.accumulation_steps, grad_clip=1.0)
     skipped = [r["step"] for r in records if r.get("overflow_skipped")]
     with hint("scaler=None means a DISABLED GradScaler (enabled=False): it never skips a step" if skipped else ""):
         expect_equal("micro-steps with overflow_skipped=True under scaler=None", skipped, [])
@@ -383,18 +266,20 @@ def tail_only_run(train_one_epoch, micro_steps: int):
     objects, calls = training_objects(scenario), []
     batches = epoch_batches(scenario, 0)   # outside the count: building them (once, then cached) converts too
     with count_host_syncs(calls):
-        train_one_epoch(objects.model, batches, objects.optimizer, device="cpu", epoch=0, epochs=1,
-                        iters=micro_steps, base_lr=scenario.base_lr, accumulation_steps=8, grad_clip=scenario.grad_clip)
+        warning_free(train_one_epoch, f"[{scenario.name}, {micro_steps} micro-steps]")(
+            objects.model, batches, objects.optimizer, device="cpu", epoch=0, epochs=1, iters=micro_steps,
+            base_lr=scenario.base_lr, accumulation_steps=8, grad_clip=scenario.grad_clip)
     return calls, [n for n, p in objects.model.named_parameters() if p.grad is not None]
 
 
 @check("train_one_epoch", hidden=True)
 def train_one_epoch_syncs_once_per_epoch(impl):
     """No device-to-host sync per micro-step: an epoch of 5 micro-steps converts tensors to Python (.item(),
-    float(), .tolist(), ...) exactly as often as one of 2 with the same single update."""
+    float(), .tolist(), ...) or copies them to the host (.cpu(), .numpy()) exactly as often as one of 2 with the
+    same single update."""
     short, long = (tail_only_run(impl.train_one_epoch, n)[0] for n in (2, 5))
     extra = list((collections.Counter(long) - collections.Counter(short)).elements())
-    with hint("keep detached tensors during the epoch and convert them once at its end" if extra else ""):
+    with hint(host_copy_hint(extra)):
         expect_equal("host syncs that 3 more micro-steps add (epoch of 5 vs 2, K=8)", extra, [])
 
 

@@ -303,6 +303,30 @@ MISTAKES = [
         "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
         "return int(last_step > start_step and last_step % accumulation_steps != 0)",
         should_flush_only_a_partial_window),
+    # rules an outside student's wrong variants broke unseen (each scenario varied across its range since)
+    mistake("hardcoded_base_lr", "cosine_lr(..., 5e-4): the schedule of one fixed base_lr, whatever the caller passes",
+        "train_one_epoch", "cosine_lr(epoch * iters + step, epochs * iters, base_lr)",
+        "cosine_lr(epoch * iters + step, epochs * iters, 5e-4)", train_one_epoch_matches_oracle_fp32),
+    mistake("skipped_norm_recorded_finite", "a skipped update (inf/NaN gradients) records grad_norm 0.0, not the "
+        "non-finite pre-clip norm", "_optimizer_update", "return grad_norm, scale_before",
+        "return torch.nan_to_num(grad_norm, posinf=0.0), scale_before", train_one_epoch_matches_oracle_amp),
+    mistake("tail_flush_on_last_boundary", "tail_flush=True also where a window closes on its K-th micro-step at "
+        "step == iters", "train_one_epoch", '"tail_flush": s == tail_step}', '"tail_flush": s in (tail_step, iters)}',
+        train_one_epoch_matches_oracle_fp32),
+    mistake("clip_first_group_only", "measures and clips param_groups[0]'s gradients only: other groups are "
+        "neither counted in the norm nor clipped", "_optimizer_update",
+        "clip_grad_norm_(model.parameters(), grad_clip)",
+        'clip_grad_norm_(optimizer.param_groups[0]["params"], grad_clip)', train_one_epoch_matches_oracle_fp32),
+    mistake("host_copy_every_micro_step", "loss.detach().cpu() at every micro-step: a device-to-host copy each",
+        "train_one_epoch", "losses.append(loss.detach())", "losses.append(loss.detach().cpu())",
+        train_one_epoch_syncs_once_per_epoch),
+    mistake("numpy_every_micro_step", "the loss through .numpy() at every micro-step: a host copy each",
+        "train_one_epoch", "losses.append(loss.detach())", "losses.append(torch.from_numpy(loss.detach().numpy()))",
+        train_one_epoch_syncs_once_per_epoch),
+    mistake("scaler_none_for_cuda", "scaler=None builds torch.amp.GradScaler(): a CUDA scaler (enabled on a GPU, "
+        "a warning and disabled on a CPU-only machine)", "train_one_epoch",
+        "scaler = torch.amp.GradScaler(torch.device(device).type, enabled=False)", "scaler = torch.amp.GradScaler()",
+        train_one_epoch_scaler_none_is_disabled),
     mistake("records_loss_tensors", "keeps the losses as 0-dim tensors in the records instead of Python floats",
         "train_one_epoch", "loss_values = torch.stack(losses).float().tolist()",
         "loss_values = list(torch.stack(losses).float())", train_one_epoch_matches_oracle_fp32),
