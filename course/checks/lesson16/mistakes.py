@@ -321,7 +321,8 @@ MISTAKES = [
         session_rejects_an_optimizer_on_other_tensors),
     mistake('state_lr_from_last_options', 'state() reports the last options.lr seen, stale after load_state',
         "TrainingSession",
-        '        return TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], optimizer_step=self.optimizer_step,\n'
+        '        return TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], '
+        'optimizer_step=self.optimizer_step,\n'
         '                                    microsteps_accumulated=self.microsteps_accumulated,\n'
         '                                    loss_sum=self._loss_sum, loss_units=self._loss_units,\n'
         '                                    accumulation_valid=self.accumulation_valid)\n\n'

@@ -117,24 +117,24 @@ def session_clips_the_update(impl):
 
 @check("TrainingSession", hidden=True)
 def session_optimizer_over_part_of_the_model(impl):
-    """An optimizer over the model's matrices only (its norm weights trainable, not optimized), K=2: the clip norm
+    """An optimizer over the model's norm weights only (its matrices trainable, not optimized), K=2: the clip norm
     is over model.parameters(), all of them; closing the update, and aborting one, leaves every .grad of the
     MODEL None."""
     batches = masked_micro_batches()[:2]
     grads, _, _ = global_batch_gradients(batches)
     model = tiny_model(SESSION_SCENARIO)
-    optimizer = eager(torch.optim.SGD)([p for p in model.parameters() if p.dim() > 1], lr=0.1)
+    optimizer = eager(torch.optim.SGD)([p for p in model.parameters() if p.dim() <= 1], lr=0.1)
     session = impl.TrainingSession(model, optimizer, accumulation_steps=2)
     report = run_update(session, batches, clip=0.01)[-1]
     with rule("clipping runs clip_grad_norm_ over model.parameters(), every trainable parameter, not only the "
               "optimizer's: grad_norm is the norm of the whole model's gradient"):
-        expect_close("grad_norm when the optimizer holds only the model's matrices",
+        expect_close("grad_norm when the optimizer holds only the model's norm weights",
                      report.grad_norm and float(report.grad_norm), gradient_norm(grads), rtol=1e-5)
     for what in ("a stepped update", "an aborted update"):
         with rule("closing an update (stepped, skipped or aborted) leaves EVERY .grad of the model None "
                   "(model.zero_grad(set_to_none=True)), a trainable parameter the optimizer does not hold "
                   "included: else its gradient piles up over the updates"):
-            expect_equal(f"model parameters whose .grad is not None after {what} (optimizer over the matrices only)",
+            expect_equal(f"model parameters whose .grad is not None after {what} (optimizer over norm weights only)",
                          [n for n, p in model.named_parameters() if p.grad is not None], [])
         run_update(session, batches, before_update=lambda: True)
 
