@@ -208,7 +208,7 @@ def migrate_train_state(state: dict) -> dict:
     legacy = {**LEGACY_DEFAULTS, **state}
     for key, low in (("batch_size", 1), ("sample_count", 1), ("accum_steps", 1), ("step", 0), ("epoch", 0)):
         value = legacy.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:   # True is no batch size
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:   # bool subclasses int
             raise ValueError(f"legacy state: {key} must be an int >= {low}, got {value!r}")
     epoch, step, accum = legacy["epoch"], legacy["step"], legacy["accum_steps"]
     micro_steps_per_epoch = -(-legacy["sample_count"] // legacy["batch_size"])

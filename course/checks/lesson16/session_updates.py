@@ -139,7 +139,7 @@ def session_k1_every_microstep_is_an_update(impl):
 def session_weights_by_gradient_units(impl):
     """A step_fn whose gradient_units is not its loss_units (naive_mean_step: the micro-batch MEAN counts as 1
     unit, loss_units = its n_k valid targets), normalization_units = K: the update's gradient is the sum of
-    mean_k / K (the mean of micro-batch means), for K = 2 and 4."""
+    mean_k / K (the mean of micro-batch means), for K = 2 and 4; the report's loss_units is the sum of the n_k."""
     batches = masked_micro_batches()
     for k in (2, 4):
         session = new_session(impl, k)
