@@ -133,11 +133,12 @@ def session_scaler_growth_is_no_skip(impl):
 
 @check("TrainingSession", hidden=True)
 def session_skip_detection_follows_any_scaler_factors(impl):
-    """GradScaler('cpu', growth_interval=1) with the default factors (backoff 0.5, growth 2) and others (backoff
-    0.25 / growth 4, backoff 0.75 / growth 1.5), K=1: a clean update, an inf one, a clean one. Only the update
-    whose scale went DOWN, by whatever backoff_factor, was skipped; a scale that grew by any factor stepped."""
-    batch = masked_micro_batches()[3:]      # 1 valid target: the cheapest update
-    for backoff, growth in ((0.5, 2.0), (0.25, 4.0), (0.75, 1.5)):
+    """GradScaler('cpu', growth_interval=1) with factors other than the defaults (backoff 0.5 and growth 2: the
+    checks above) on both sides of them (backoff 0.25 / growth 4, backoff 0.75 / growth 1.5), K=1: a clean update,
+    an inf one, a clean one. Only the update whose scale went DOWN, by whatever backoff_factor, was skipped; a
+    scale that grew by any factor stepped."""
+    batch = masked_micro_batches()[3:]
+    for backoff, growth in ((0.25, 4.0), (0.75, 1.5)):
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_factor=growth, backoff_factor=backoff,
                                       growth_interval=1)
         session = new_session(impl, 1, scaler=scaler)
