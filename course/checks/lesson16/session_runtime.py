@@ -142,9 +142,8 @@ def session_skip_detection_follows_any_scaler_factors(impl):
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_factor=growth, backoff_factor=backoff,
                                       growth_interval=1)
         session = new_session(impl, 1, scaler=scaler)
-        seen = []
+        seen, norm_weight = [], session.model.model.norm.weight
         for poisoned in (False, True, False):
-            norm_weight = session.model.model.norm.weight
             hook = norm_weight.register_hook(lambda g: g + float("inf")) if poisoned else None
             report = run_update(session, batch)[-1]
             if hook is not None:
