@@ -32,8 +32,9 @@ def count_loss_units(labels: torch.Tensor) -> int:
     Examples: ``[[5, 6, -100, -100], [-100, 7, 8, 9]]`` -> 4; ``[[1, 2, 3, 4, 5]]`` -> 4; ``[[7]]`` -> 0;
     ``[3, -100, 4, 5]`` -> 2; ``[[-100, -100, -100]]`` -> 0.
 
-    Argument rules: a 0-dim tensor, or a dtype that holds no token ids (float, complex, bool: a mask is not
-    labels), is a ``ValueError`` naming ``labels``. Graded exactly (the count and its type).
+    Argument rules: a 0-dim tensor, or a dtype that holds no token ids (every float dtype: float16, bfloat16,
+    float32, float64; complex; bool: a mask is not labels), is a ``ValueError`` naming ``labels``. Graded
+    exactly (the count and its type).
     """
     raise NotImplementedError("count_loss_units: TODO - see lesson 16 §4.1")
 
@@ -61,7 +62,8 @@ def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
     """TODO (lesson 16 §4.2): the number of optimizer updates in an epoch of ``sample_count`` samples.
 
     Contract: one update per global batch of the epoch; a short last global batch is an update too (with its
-    own, smaller N). Examples: ``(160, 8)`` -> 20; ``(161, 8)`` -> 21; ``(7, 8)`` -> 1; ``(0, 8)`` -> 0.
+    own, smaller N). Exact for any int, above 2**53 too (``(2**53 + 1, 1)`` -> ``2**53 + 1``: a float division
+    rounds it). Examples: ``(160, 8)`` -> 20; ``(161, 8)`` -> 21; ``(7, 8)`` -> 1; ``(0, 8)`` -> 0.
 
     Argument rules: ``ValueError`` naming ``sample_count`` when it is < 0, naming ``global_batch_size`` when
     it is < 1.
@@ -81,8 +83,8 @@ class TrainingSession:
     * ``TrainingSession(model, optimizer, *, accumulation_steps, scaler=None, autocast=None)``.
       ``scaler=None`` means a disabled ``torch.amp.GradScaler`` for the model's device; ``autocast=None``
       means no autocast (``nullcontext()``).
-    * attributes ``optimizer_step`` (optimizer steps done), ``microsteps_accumulated`` (micro-steps of the
-      pending update), ``accumulation_valid``.
+    * attributes ``model`` and ``optimizer`` (the ones given), ``optimizer_step`` (optimizer steps done),
+      ``microsteps_accumulated`` (micro-steps of the pending update), ``accumulation_valid``.
     * ``train_step(batch, options, step_fn) -> TrainingStepReport``: one micro-step. ``step_fn(model, batch)``
       runs under the session's autocast and returns a ``TrainingStepOutput``.
     * ``reset_accumulation()``, ``state() -> TrainingSessionState``, ``load_state(state)``.
@@ -93,7 +95,8 @@ class TrainingSession:
     ``parameters_updated`` (the optimizer stepped), ``overflow_skipped`` (an enabled GradScaler found inf/NaN
     and skipped the step), ``aborted`` (``before_update`` said so); the new ``optimizer_step``; the update's
     ``microsteps_accumulated`` (2 for a tail of 2); its ``loss_sum`` (the sum of the micro-steps'
-    ``output.loss_sum``, detached, still a device tensor) and ``loss_units`` (their sum); ``grad_norm``, the
+    ``output.loss_sum``, detached, still a device tensor) and ``loss_units`` (the sum of their ``output.loss_units``,
+    not of ``gradient_units``); ``grad_norm``, the
     total norm of the UNSCALED gradient before clipping when ``clip_grad_norm > 0``, else ``None``.
 
     Invariants (graded against one backward of the whole global batch, parameters after an SGD step, the
@@ -105,11 +108,14 @@ class TrainingSession:
     * The gradient present when the update closes equals ONE backward of the whole global batch's token-mean
       loss (NLL sum / N, N = ``normalization_units``, §1.2): each micro-step contributes its loss in
       proportion to its ``gradient_units`` out of the update's ``normalization_units``. A micro-batch with
-      ``gradient_units == 0`` (no valid target) is allowed and adds nothing.
+      ``gradient_units == 0`` (no valid target) is allowed and adds nothing, but its backward still runs (every
+      micro-step runs one): under DDP a rank whose closing micro-step holds only padding must still join the
+      gradient all-reduce, or every other rank waits in it forever.
     * Clipping (``clip_grad_norm > 0``) limits the total norm of the unscaled gradient to ``clip_grad_norm``
-      with ``torch.nn.utils.clip_grad_norm_``'s coefficient over ``model.parameters()``; 0 means no clipping.
-    * ``options.lr``, when given, is the lr of EVERY param group from this micro-step on; else the optimizer's
-      own lr stays.
+      with ``torch.nn.utils.clip_grad_norm_``'s coefficient over ``model.parameters()`` (all of them, also a
+      trainable parameter the optimizer does not hold); 0 means no clipping.
+    * ``options.lr``, when given (not None: 0.0 is an lr), is the lr of EVERY param group from this micro-step on;
+      else the optimizer's own lr stays.
     * Hooks: ``before_update()`` runs once per update at its boundary, with the update's gradients in
       ``.grad``, before unscale and the optimizer step (with an enabled GradScaler it sees them still scaled);
       returning True aborts the update (no step, its gradients dropped, report ``aborted=True``). ``after_update()`` runs once after an optimizer step that happened
@@ -117,23 +123,29 @@ class TrainingSession:
     * A skipped update (GradScaler overflow): parameters unchanged, ``optimizer_step`` does not advance, no
       ``after_update``. Every update that is not aborted goes through the GradScaler exactly once, skipped
       or not, so its scale backs off once per overflow. A scale that GREW (after ``growth_interval`` clean
-      steps) belongs to a step that happened: no skip.
-    * After an update closes (stepped, skipped or aborted) every ``.grad`` is ``None``, the session's
-      counters and loss totals are 0 again, and the next update starts clean, whatever its K, lr, clipping or
-      N. Loss totals hold detached tensors (no micro-step's graph kept alive).
+      steps) belongs to a step that happened: no skip. Whatever the scaler's ``backoff_factor`` and
+      ``growth_factor``.
+    * After an update closes (stepped, skipped or aborted) every ``.grad`` of ``model.parameters()`` is ``None``
+      (also of a trainable parameter the optimizer does not hold), the session's counters and loss totals are 0
+      again, and the next update starts clean, whatever its K, lr, clipping or N. Loss totals hold detached
+      tensors (no micro-step's graph kept alive), and the session never writes into a tensor ``step_fn``
+      returned (its values stay as returned).
     * On a micro-step that does not close the update, no tensor is converted to the host (no ``.item()``,
       ``float(t)``, ``int(t)``, ``bool(t)`` / an ``if`` on a tensor, ``.tolist()``).
     * Under DDP (the model has ``no_sync``): the forward and backward of every micro-step that does not close
       the update run inside ``model.no_sync()``; the closing one outside it (one gradient all-reduce).
-    * Errors: any exception inside ``train_step`` (in ``step_fn``, in backward, in a hook, anywhere)
-      propagates unchanged and makes every later ``train_step`` raise ``AccumulationInvalidError`` (its
-      message names ``reset_accumulation()``) until ``reset_accumulation()``, which drops the gradients
-      (``.grad`` None), the pending counters and totals, and accepts micro-steps again.
-    * ``state()``: lr of param group 0 as it is now, ``optimizer_step``, ``microsteps_accumulated``, the
-      pending ``loss_sum`` / ``loss_units``, ``accumulation_valid``. ``load_state(state)`` restores
+    * Errors: any exception inside ``train_step`` (in ``step_fn``, in backward, in a hook, anywhere; a
+      ``BaseException`` such as ``KeyboardInterrupt`` included) propagates unchanged and makes every later
+      ``train_step`` raise ``AccumulationInvalidError`` (its message names ``reset_accumulation()``) until
+      ``reset_accumulation()``, which drops the gradients (every ``.grad`` of the model None), the pending counters
+      and totals, and accepts micro-steps again.
+    * ``state()``: the session as it is now: lr of param group 0 (after ``load_state``, the loaded one),
+      ``optimizer_step``, ``microsteps_accumulated``, the pending ``loss_sum`` / ``loss_units``,
+      ``accumulation_valid`` (False after an error, until ``reset_accumulation()``). ``load_state(state)`` restores
       ``optimizer_step`` and sets ``state.lr`` in every param group - only at an update boundary.
 
-    Argument rules (a rejected call updates nothing):
+    Argument rules (a rejected call changes no parameter, lr, counter or total; a rejected ``train_step`` is
+    still an error inside ``train_step``, so it invalidates the accumulation like any other):
 
     * constructor: ``accumulation_steps`` < 1 -> ``ValueError`` naming ``accumulation_steps``; an optimizer
       holding a tensor that is not one of ``model.parameters()`` (by identity: built on a copy) ->
@@ -143,8 +155,8 @@ class TrainingSession:
       anything but a ``TrainingStepOutput`` -> ``TypeError`` naming ``TrainingStepOutput``;
       ``gradient_units`` < 0 -> ``ValueError`` naming ``gradient_units``. A rejected
       ``normalization_units`` changes no lr (it is checked before ``options.lr`` is written). These are errors
-      inside ``train_step``: like any error, a rejected step_fn output invalidates the accumulation
-      (``AccumulationInvalidError`` until ``reset_accumulation()``).
+      inside ``train_step``: like any error, a rejected ``normalization_units`` or step_fn output invalidates
+      the accumulation (``AccumulationInvalidError`` until ``reset_accumulation()``).
     * ``load_state``: the saved state's or the session's ``microsteps_accumulated`` not 0 -> ``ValueError``
       naming ``microsteps_accumulated``, nothing changed.
     """
@@ -188,7 +200,8 @@ def migrate_train_state(state: dict) -> dict:
     ``step``.
 
     Keys: ``batch_size``, ``sample_count`` required (ints >= 1, no default); ``accum_steps`` int >= 1
-    (default 1); ``step``, ``epoch`` ints >= 0 (default 0). A missing required key or a bad value ->
+    (default 1); ``step``, ``epoch`` ints >= 0 (default 0). A bool is no int here (``batch_size=True`` is
+    bad, though Python's ``bool`` subclasses ``int``). A missing required key or a bad value ->
     ``ValueError`` naming that key first.
 
     Worked examples (epoch, update_step_in_epoch, sample_position, dropped_microsteps, global_batch_size):

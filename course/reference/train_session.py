@@ -12,7 +12,6 @@ the update's gradients itself and the next call starts a fresh update.
 """
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 
 import torch
@@ -56,12 +55,13 @@ def split_global_batch(samples, global_batch_size: int, accumulation_steps: int)
 
 
 def steps_per_epoch(sample_count: int, global_batch_size: int) -> int:
-    """Optimizer updates per epoch: ``ceil(sample_count / global_batch_size)`` (a short tail counts)."""
+    """Optimizer updates per epoch: ``ceil(sample_count / global_batch_size)`` (a short tail counts), in
+    integers: a float division rounds counts above 2**53."""
     if sample_count < 0:
         raise ValueError(f"sample_count must be >= 0, got {sample_count}")
     if global_batch_size <= 0:
         raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
-    return math.ceil(sample_count / global_batch_size)
+    return -(-sample_count // global_batch_size)
 
 
 class TrainingSession:
@@ -94,15 +94,9 @@ class TrainingSession:
 
     def reset_accumulation(self) -> None:
         """Drop a half-built update (after an error) and accept micro-steps again."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
         self._clear_pending()
         self.accumulation_valid = True
-
-    def state(self) -> TrainingSessionState:
-        return TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], optimizer_step=self.optimizer_step,
-                                    microsteps_accumulated=self.microsteps_accumulated,
-                                    loss_sum=self._loss_sum, loss_units=self._loss_units,
-                                    accumulation_valid=self.accumulation_valid)
 
     def load_state(self, state: TrainingSessionState) -> None:
         """Restore ``optimizer_step`` and the lr of every param group at an update boundary (pending gradients
@@ -113,6 +107,12 @@ class TrainingSession:
         self.optimizer_step = state.optimizer_step
         for group in self.optimizer.param_groups:
             group["lr"] = state.lr
+
+    def state(self) -> TrainingSessionState:
+        return TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], optimizer_step=self.optimizer_step,
+                                    microsteps_accumulated=self.microsteps_accumulated,
+                                    loss_sum=self._loss_sum, loss_units=self._loss_units,
+                                    accumulation_valid=self.accumulation_valid)
 
     def train_step(self, batch, options: TrainingStepOptions, step_fn) -> TrainingStepReport:
         if not self.accumulation_valid:
@@ -176,7 +176,8 @@ class TrainingSession:
             self.optimizer_step += 1
             if options.after_update is not None:
                 options.after_update()
-        self.optimizer.zero_grad(set_to_none=True)
+        # the model's, not the optimizer's: a trainable parameter outside the optimizer keeps no stale .grad
+        self.model.zero_grad(set_to_none=True)
         self._clear_pending()
         return TrainingStepReport(not skipped, self.optimizer_step, microsteps, loss_sum, loss_units,
                                   grad_norm, overflow_skipped=skipped)
@@ -207,10 +208,10 @@ def migrate_train_state(state: dict) -> dict:
     legacy = {**LEGACY_DEFAULTS, **state}
     for key, low in (("batch_size", 1), ("sample_count", 1), ("accum_steps", 1), ("step", 0), ("epoch", 0)):
         value = legacy.get(key)
-        if not isinstance(value, int) or value < low:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:   # bool subclasses int
             raise ValueError(f"legacy state: {key} must be an int >= {low}, got {value!r}")
     epoch, step, accum = legacy["epoch"], legacy["step"], legacy["accum_steps"]
-    micro_steps_per_epoch = math.ceil(legacy["sample_count"] / legacy["batch_size"])
+    micro_steps_per_epoch = -(-legacy["sample_count"] // legacy["batch_size"])
     if step > micro_steps_per_epoch:
         raise ValueError(f"legacy state: step {step} is past the epoch's end, ceil(sample_count "
                          f"{legacy['sample_count']} / batch_size {legacy['batch_size']}) = {micro_steps_per_epoch} "

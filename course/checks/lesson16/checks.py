@@ -62,9 +62,11 @@ def count_loss_units_sees_the_shift(impl):
 
 @check("count_loss_units", hidden=True)
 def count_loss_units_rejects_bad_labels(impl):
-    """A 0-dim tensor, float or bool labels raise ValueError naming labels."""
-    for what, labels in (("tensor(3)", torch.tensor(3)), ("float labels", torch.ones(2, 4)),
-                         ("bool labels", torch.ones(2, 4, dtype=torch.bool))):
+    """A 0-dim tensor, and labels of every float dtype (float16, bfloat16, float32, float64), complex or bool
+    raise ValueError naming labels."""
+    not_token_ids = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.bool)
+    for what, labels in (("tensor(3)", torch.tensor(3)),
+                         *((f"{dtype} labels", torch.ones(2, 4, dtype=dtype)) for dtype in not_token_ids)):
         with rule("labels hold integer token ids: a 0-dim tensor and a float, complex or bool dtype (a mask is "
                   "not labels) are a ValueError naming labels"):
             expect_raises(f"count_loss_units({what})", lambda: impl.count_loss_units(labels), ValueError, "labels",
@@ -118,10 +120,12 @@ def split_global_batch_fails_fast(impl):
 
 @check("steps_per_epoch")
 def steps_per_epoch_is_ceil(impl):
-    """ceil(samples / global batch): a short tail is one more update."""
+    """ceil(samples / global batch): a short tail is one more update; exact for counts above 2**53 too."""
     for count, global_batch, expected in [(160, 8, 20), (161, 8, 21), (20, 8, 3), (7, 8, 1), (0, 8, 0), (8, 1, 8),
-                                          (1, 1, 1), (9, 8, 2)]:
-        with rule("one update per global batch, and the short last global batch is an update too (round up)"):
+                                          (1, 1, 1), (9, 8, 2), (2 ** 53 + 1, 1, 2 ** 53 + 1),
+                                          (2 ** 60 + 1, 2 ** 30, 2 ** 30 + 1)]:
+        with rule("one update per global batch, and the short last global batch is an update too (round up), "
+                  "in integer arithmetic: a float division (math.ceil(a / b)) rounds counts above 2**53"):
             expect_equal(f"steps_per_epoch({count}, {global_batch})", impl.steps_per_epoch(count, global_batch),
                          expected)
     for (count, global_batch), bad in (((10, 0), "global_batch_size"), ((10, -8), "global_batch_size"),

@@ -35,7 +35,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "The number of updates is the sample count divided by the global batch, rounded UP (0 samples: 0 "
         "updates). sample_count < 0 is a ValueError naming sample_count; global_batch_size < 1 one naming "
         "global_batch_size.",
-        "return math.ceil(sample_count / global_batch_size), after the two argument checks.",
+        "return -(-sample_count // global_batch_size), after the two argument checks: integer arithmetic, since "
+        "math.ceil(sample_count / global_batch_size) divides in floats and is wrong above 2**53.",
     ),
     "TrainingSession": (
         "One update = K micro-steps whose gradients add up in .grad, then one optimizer step. For that sum to "
@@ -48,7 +49,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "Backpropagate scaler.scale(output.loss * output.gradient_units / options.normalization_units). Decide "
         "closes = force_update or (microsteps + 1) is a multiple of K BEFORE the forward (no_sync under DDP). "
         "At the boundary: before_update -> unscale_ -> clip (pre-clip norm) -> scaler.step -> scaler.update -> "
-        "if stepped: optimizer_step += 1 and after_update -> zero_grad(set_to_none=True). The scaler skipped the "
+        "if stepped: optimizer_step += 1 and after_update -> model.zero_grad(set_to_none=True). The scaler skipped the "
         "step exactly when update() LOWERED its scale: compare get_scale() before and after (only when the "
         "scaler is enabled; a higher scale is growth, not a skip). Wrap the whole micro-step in try/except "
         "BaseException that sets accumulation_valid = False and re-raises.",

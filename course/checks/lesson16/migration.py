@@ -57,10 +57,12 @@ def migrate_keeps_global_states_and_rejects_bad_ones(impl):
     expect_raises("batch_size_semantics='micro'",
                   lambda: impl.migrate_train_state(dict(new, batch_size_semantics="micro")), ValueError,
                   "batch_size_semantics", arguments=LEGACY_KEYS)
-    with rule("legacy values must be ints: batch_size, sample_count and accum_steps >= 1, step and "
-              "epoch >= 0; a bad one is a ValueError naming that key first"):
+    with rule("legacy values must be ints (a bool is not one, though Python's bool subclasses int): "
+              "batch_size, sample_count and accum_steps >= 1, step and epoch >= 0; a bad one is a ValueError "
+              "naming that key first"):
         for key, bad in (("accum_steps", 0), ("batch_size", 0), ("sample_count", 0), ("step", -1), ("epoch", -1),
-                         ("batch_size", "2"), ("accum_steps", 2.0)):
+                         ("batch_size", "2"), ("accum_steps", 2.0), ("batch_size", True), ("accum_steps", True),
+                         ("step", False)):
             expect_raises(f"legacy {key}={bad!r}", lambda: impl.migrate_train_state(dict(LEGACY, **{key: bad})),
                           ValueError, key, arguments=LEGACY_KEYS)
     for key in ("batch_size", "sample_count"):

@@ -10,12 +10,14 @@ from .migration import (migrate_fills_documented_legacy_defaults, migrate_handle
                         migrate_keeps_global_states_and_rejects_bad_ones, migrate_legacy_state_to_global_semantics,
                         migrate_resumes_an_epoch_end_at_the_next_epoch)
 from .session import (session_abort_discards_the_update, session_clips_the_update,
+                      session_optimizer_over_part_of_the_model, session_rejects_an_optimizer_on_other_tensors,
                       session_error_anywhere_invalidates_the_accumulation, session_error_invalidates_the_accumulation,
                       session_force_update_commits_a_tail, session_global_normalization_matches_one_backward,
                       session_rejects_a_bad_step_output, session_rejects_zero_normalization_units,
                       session_sets_lr_and_normalization_is_fixed_per_update, session_state_and_load_state_round_trip,
                       session_two_microsteps_one_optimizer_step)
-from .session_runtime import (session_accumulates_detached_loss_sums,
+from .session_runtime import (session_accumulates_detached_loss_sums, session_runs_every_backward,
+                              session_skip_detection_follows_any_scaler_factors,
                               session_amp_scaler_overflow_and_unscale_before_clip, session_keeps_loss_sums_on_device,
                               session_scaler_growth_is_no_skip, session_skipped_update_calls_no_after_update,
                               session_uses_no_sync_before_the_last_microstep)
@@ -64,7 +66,7 @@ MISTAKES = [
         'sync_ctx = nullcontext()',
         session_uses_no_sync_before_the_last_microstep),
     mistake('floor_steps_per_epoch', 'sample_count // global_batch_size: the short tail update is lost',
-        "steps_per_epoch", 'return math.ceil(sample_count / global_batch_size)',
+        "steps_per_epoch", 'return -(-sample_count // global_batch_size)',
         'return sample_count // global_batch_size',
         steps_per_epoch_is_ceil),
     mistake('split_drops_partial_micro', 'drops a partial micro-batch of a short global batch',
@@ -135,7 +137,7 @@ MISTAKES = [
         migrate_resumes_an_epoch_end_at_the_next_epoch),
     mistake('legacy_epoch_length_floored', 'floor(sample_count / batch_size) micro-steps per epoch: the partial '
         'last micro-batch is forgotten',
-        "migrate_train_state", 'micro_steps_per_epoch = math.ceil(legacy["sample_count"] / legacy["batch_size"])',
+        "migrate_train_state", 'micro_steps_per_epoch = -(-legacy["sample_count"] // legacy["batch_size"])',
         'micro_steps_per_epoch = legacy["sample_count"] // legacy["batch_size"]',
         migrate_resumes_an_epoch_end_at_the_next_epoch),
     mistake('legacy_defaults_ignored', 'raises on a legacy state without epoch / step / accum_steps instead of '
@@ -189,8 +191,8 @@ MISTAKES = [
     mistake('loss_totals_carry_over', "closing an update resets the micro-step count but not the loss totals: "
         "the next update reports both updates' loss",
         "TrainingSession._close_update",
-        '        self.optimizer.zero_grad(set_to_none=True)\n        self._clear_pending()\n',
-        '        self.optimizer.zero_grad(set_to_none=True)\n        self.microsteps_accumulated = 0\n',
+        '        self.model.zero_grad(set_to_none=True)\n        self._clear_pending()\n',
+        '        self.model.zero_grad(set_to_none=True)\n        self.microsteps_accumulated = 0\n',
         session_consecutive_updates_start_clean),
     mistake('empty_micro_batch_rejected', 'refuses a micro-batch without valid targets (gradient_units 0)',
         "TrainingSession._train_step", 'if output.gradient_units < 0:', 'if output.gradient_units <= 0:',
@@ -210,12 +212,12 @@ MISTAKES = [
         '', session_rejects_a_bad_step_output),
     mistake('zero_grad_keeps_zeros', 'zero_grad(set_to_none=False) after an update: zero tensors, not None '
         '(AdamW then decays parameters no micro-batch reached)',
-        "TrainingSession._close_update", 'self.optimizer.zero_grad(set_to_none=True)',
-        'self.optimizer.zero_grad(set_to_none=False)',
+        "TrainingSession._close_update", 'self.model.zero_grad(set_to_none=True)',
+        'self.model.zero_grad(set_to_none=False)',
         session_two_microsteps_one_optimizer_step),
     mistake('reset_keeps_zeros', 'reset_accumulation() zeroes the gradients instead of dropping them',
-        "TrainingSession.reset_accumulation", 'self.optimizer.zero_grad(set_to_none=True)',
-        'self.optimizer.zero_grad(set_to_none=False)',
+        "TrainingSession.reset_accumulation", 'self.model.zero_grad(set_to_none=True)',
+        'self.model.zero_grad(set_to_none=False)',
         session_error_invalidates_the_accumulation),
     mistake('state_lr_of_last_group', "state() reports the lr of the last param group, not group 0's",
         "TrainingSession.state", 'lr=self.optimizer.param_groups[0]["lr"]', 'lr=self.optimizer.param_groups[-1]["lr"]',
@@ -280,6 +282,94 @@ MISTAKES = [
         "TrainingSession.train_step", '        except BaseException:\n',
         '        except (TypeError, ValueError):\n            raise\n        except BaseException:\n',
         session_rejects_a_bad_step_output),
+    # gaps an outside student's wrong variants found (each passed the grader before its check)
+    mistake('zero_lr_ignored', 'tests options.lr for truth: lr 0.0 (a schedule\'s end) keeps the old lr and trains',
+        "TrainingSession._train_step", 'if options.lr is not None:', 'if options.lr:',
+        session_sets_lr_and_normalization_is_fixed_per_update),
+    mistake('loss_units_from_gradient_units', 'the report\'s loss_units adds gradient_units, not loss_units',
+        "TrainingSession._train_step", 'self._loss_units += output.loss_units',
+        'self._loss_units += output.gradient_units',
+        session_weights_by_gradient_units),
+    mistake('skip_is_half_the_scale', 'a skip is a scale exactly halved: any other backoff_factor is never a skip',
+        "TrainingSession._close_update", 'self.scaler.get_scale() < scale_before',
+        'self.scaler.get_scale() == scale_before * 0.5',
+        session_skip_detection_follows_any_scaler_factors),
+    mistake('skip_unless_doubled', 'a skip is any scale change but doubling: growth by another factor is a skip',
+        "TrainingSession._close_update", 'self.scaler.get_scale() < scale_before',
+        'self.scaler.get_scale() not in (scale_before, scale_before * 2.0)',
+        session_skip_detection_follows_any_scaler_factors),
+    mistake('keyboard_interrupt_keeps_accumulation', 'except Exception: a KeyboardInterrupt inside a micro-step '
+        'leaves the half-built update valid',
+        "TrainingSession.train_step", '        except BaseException:\n', '        except Exception:\n',
+        session_error_anywhere_invalidates_the_accumulation),
+    mistake('zero_grad_of_optimizer_only', 'closes an update with optimizer.zero_grad: a trainable parameter outside '
+        'the optimizer keeps its .grad, and it piles up',
+        "TrainingSession._close_update", 'self.model.zero_grad(set_to_none=True)',
+        'self.optimizer.zero_grad(set_to_none=True)',
+        session_optimizer_over_part_of_the_model),
+    mistake('reset_zero_grad_of_optimizer_only', 'reset_accumulation (and an abort) drops only the optimizer\'s '
+        'gradients', "TrainingSession.reset_accumulation", 'self.model.zero_grad(set_to_none=True)',
+        'self.optimizer.zero_grad(set_to_none=True)',
+        session_optimizer_over_part_of_the_model),
+    mistake('clip_over_optimizer_params', 'clips (and measures the norm of) the optimizer\'s parameters, not '
+        'model.parameters()',
+        "TrainingSession._close_update", 'clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)',
+        'clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]], options.clip_grad_norm)',
+        session_optimizer_over_part_of_the_model),
+    mistake('identity_check_first_group', 'checks only param group 0 for tensors of another model',
+        "TrainingSession.__init__", 'for g in optimizer.param_groups for p in g["params"]',
+        'for g in optimizer.param_groups[:1] for p in g["params"]',
+        session_rejects_an_optimizer_on_other_tensors),
+    mistake('state_lr_from_last_options', 'state() reports the last options.lr seen, stale after load_state',
+        "TrainingSession",
+        '        return TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], '
+        'optimizer_step=self.optimizer_step,\n'
+        '                                    microsteps_accumulated=self.microsteps_accumulated,\n'
+        '                                    loss_sum=self._loss_sum, loss_units=self._loss_units,\n'
+        '                                    accumulation_valid=self.accumulation_valid)\n\n'
+        '    def train_step(self, batch, options: TrainingStepOptions, step_fn) -> TrainingStepReport:\n',
+        '        return TrainingSessionState(lr=getattr(self, "last_lr", self.optimizer.param_groups[0]["lr"]),\n'
+        '                                    optimizer_step=self.optimizer_step,\n'
+        '                                    microsteps_accumulated=self.microsteps_accumulated,\n'
+        '                                    loss_sum=self._loss_sum, loss_units=self._loss_units,\n'
+        '                                    accumulation_valid=self.accumulation_valid)\n\n'
+        '    def train_step(self, batch, options: TrainingStepOptions, step_fn) -> TrainingStepReport:\n'
+        '        if options.lr is not None:\n            self.last_lr = options.lr\n',
+        session_state_and_load_state_round_trip),
+    mistake('state_always_valid', 'state() reports accumulation_valid=True, even after an error',
+        "TrainingSession.state", 'accumulation_valid=self.accumulation_valid', 'accumulation_valid=True',
+        session_error_invalidates_the_accumulation),
+    mistake('loss_sum_added_in_place', 'adds later loss sums into the first micro-step\'s tensor in place: the '
+        'tensor step_fn returned changes',
+        "TrainingSession._train_step",
+        '            self._loss_sum = loss_sum if self._loss_sum is None else self._loss_sum + loss_sum\n',
+        '            if self._loss_sum is None:\n                self._loss_sum = loss_sum\n'
+        '            else:\n                self._loss_sum += loss_sum\n',
+        session_accumulates_detached_loss_sums),
+    mistake('backward_skipped_without_units', 'skips the backward of a micro-step with gradient_units 0: a DDP rank '
+        'holding only padding never joins the all-reduce',
+        "TrainingSession._train_step", '            self.scaler.scale(output.loss * weight).backward()\n',
+        '            if output.gradient_units:\n                self.scaler.scale(output.loss * weight).backward()\n',
+        session_runs_every_backward),
+    mistake('half_precision_labels_accepted', 'refuses float32 / float64 labels only: float16 / bfloat16 pass',
+        "count_loss_units", 'labels.dtype.is_floating_point or',
+        'labels.dtype in (torch.float32, torch.float64) or',
+        count_loss_units_rejects_bad_labels),
+    mistake('legacy_bool_accepted', 'accepts a legacy batch_size=True (bool subclasses int)',
+        "migrate_train_state", 'if isinstance(value, bool) or not isinstance(value, int) or value < low:',
+        'if not isinstance(value, int) or value < low:',
+        migrate_keeps_global_states_and_rejects_bad_ones),
+    mistake('float_ceil_steps_per_epoch', 'the ceiling in floats (like math.ceil(n / b)): wrong above 2**53',
+        "steps_per_epoch", 'return -(-sample_count // global_batch_size)',
+        'return int(-(-sample_count / global_batch_size // 1))',
+        steps_per_epoch_is_ceil),
+    mistake('units_checked_outside_try', 'validates normalization_units before the try: the rejected call leaves the '
+        'accumulation valid',
+        "TrainingSession.train_step", '        try:\n            return self._train_step(',
+        '        if options.normalization_units <= 0:\n'
+        '            raise ValueError(f"normalization_units must be >= 1, got {options.normalization_units}")\n'
+        '        try:\n            return self._train_step(',
+        session_rejects_zero_normalization_units),
 ]
 
 EQUIVALENTS = [
@@ -289,9 +379,9 @@ EQUIVALENTS = [
     equivalent('count_with_item', '(...).sum().item() instead of int((...).sum())',
         "count_loss_units", 'return int((labels[..., 1:] != IGNORE_INDEX).sum())',
         'return (labels[..., 1:] != IGNORE_INDEX).sum().item()'),
-    equivalent('ceil_by_negation', '-(-n // b) instead of math.ceil(n / b)',
-        "steps_per_epoch", 'return math.ceil(sample_count / global_batch_size)',
-        'return -(-sample_count // global_batch_size)'),
+    equivalent('ceil_by_padding', '(n + b - 1) // b instead of -(-n // b): exact integers too',
+        "steps_per_epoch", 'return -(-sample_count // global_batch_size)',
+        'return (sample_count + global_batch_size - 1) // global_batch_size'),
     equivalent("test_oracle_gradients", "the target from course.runs.global_batch_gradients (the same one "
         "backward) instead of computing it in the test",
         "test_token_weighted_matches_global_batch",

@@ -2,6 +2,9 @@
 and aborts, hooks, lr and state."""
 from __future__ import annotations
 
+from copy import deepcopy
+from dataclasses import replace
+
 import torch
 
 from course.protocol.text import token_weighted_step
@@ -112,13 +115,38 @@ def session_clips_the_update(impl):
                          norm if clip > 0 else None, rtol=1e-5)
 
 
+@check("TrainingSession", hidden=True)
+def session_optimizer_over_part_of_the_model(impl):
+    """An optimizer over the model's norm weights only (its matrices trainable, not optimized), K=1: the clip norm
+    is over model.parameters(), all of them; closing the update, and aborting one, leaves every .grad of the
+    MODEL None."""
+    batches = masked_micro_batches()[:1]
+    grads, _, _ = global_batch_gradients(batches)
+    model = tiny_model(SESSION_SCENARIO)
+    optimizer = eager(torch.optim.SGD)([p for p in model.parameters() if p.dim() <= 1], lr=0.1)
+    session = impl.TrainingSession(model, optimizer, accumulation_steps=1)
+    report = run_update(session, batches, clip=0.01)[-1]
+    with rule("clipping runs clip_grad_norm_ over model.parameters(), every trainable parameter, not only the "
+              "optimizer's: grad_norm is the norm of the whole model's gradient"):
+        expect_close("grad_norm when the optimizer holds only the model's norm weights",
+                     report.grad_norm and float(report.grad_norm), gradient_norm(grads), rtol=1e-5)
+    for what in ("a stepped update", "an aborted update"):
+        with rule("closing an update (stepped, skipped or aborted) leaves EVERY .grad of the model None "
+                  "(model.zero_grad(set_to_none=True)), a trainable parameter the optimizer does not hold "
+                  "included: else its gradient piles up over the updates"):
+            expect_equal(f"model parameters whose .grad is not None after {what} (optimizer over norm weights only)",
+                         [n for n, p in model.named_parameters() if p.grad is not None], [])
+        run_update(session, batches, before_update=lambda: True)
+
+
 SESSION_ARGUMENTS = ("model", "optimizer", "accumulation_steps", "scaler", "autocast")
 
 
 @check("TrainingSession", hidden=True)
 def session_rejects_zero_normalization_units(impl):
     """normalization_units 0 or -1 is an explicit ValueError, and nothing is updated (the lr of every param
-    group included, though the call carries options.lr); so is accumulation_steps < 1."""
+    group included, though the call carries options.lr); like any error inside train_step it invalidates the
+    accumulation until reset_accumulation(). accumulation_steps < 1 is a ValueError too."""
     session = new_session(impl, 1, two_param_groups=True)
     before = params_of(session.model)
     batch = masked_micro_batches()[0]
@@ -129,6 +157,13 @@ def session_rejects_zero_normalization_units(impl):
             expect_raises(f"train_step(..., normalization_units={units})",
                           lambda: session.train_step(batch, options, token_weighted_step), ValueError,
                           "normalization_units")
+        with rule("a rejected normalization_units is an error inside train_step: it changes no parameter, lr or "
+                  "counter, and, like any error there, invalidates the accumulation until reset_accumulation()"):
+            expect_raises(f"train_step after a rejected normalization_units={units}",
+                          lambda: session.train_step(batch, TrainingStepOptions(normalization_units=29,
+                                                                                force_update=True),
+                                                     token_weighted_step), AccumulationInvalidError,
+                          "reset_accumulation")
         session.reset_accumulation()
     expect_tensors_close("parameters after a rejected update", params_of(session.model), before,
                          rtol=0.0, atol=0.0)
@@ -170,12 +205,21 @@ def session_rejects_a_bad_step_output(impl):
 @check("TrainingSession", hidden=True)
 def session_rejects_an_optimizer_on_other_tensors(impl):
     """Python's counterpart of 'moving keeps optimizer references valid': the optimizer must hold the
-    model's own Parameter objects; one built on a copy is a ValueError naming optimizer."""
+    model's own Parameter objects in EVERY param group; one built (wholly, or its second group: decay /
+    no-decay groups) on a copy is a ValueError naming optimizer."""
     model = tiny_model(SESSION_SCENARIO)
-    orphan_optimizer = eager(torch.optim.SGD)(tiny_model(SESSION_SCENARIO).parameters(), lr=0.1)
-    expect_raises("TrainingSession(model, optimizer over another model's parameters)",
-                  lambda: impl.TrainingSession(model, orphan_optimizer, accumulation_steps=2), ValueError, "optimizer",
-                  arguments=SESSION_ARGUMENTS)
+    copy = deepcopy(model)
+    matrices = [p for p in model.parameters() if p.dim() > 1]
+    copied_vectors = [p for p in copy.parameters() if p.dim() <= 1]
+    orphans = (("optimizer over another model's parameters", list(copy.parameters())),
+               ("optimizer whose 2nd param group (no decay) holds a deepcopy's parameters",
+                [{"params": matrices}, {"params": copied_vectors, "weight_decay": 0.0}]))
+    for what, groups in orphans:
+        optimizer = eager(torch.optim.SGD)(groups, lr=0.1)
+        with rule("every tensor of every param group must be one of model.parameters() (by identity)"):
+            expect_raises(f"TrainingSession(model, {what})",
+                          lambda: impl.TrainingSession(model, optimizer, accumulation_steps=2), ValueError,
+                          "optimizer", arguments=SESSION_ARGUMENTS)
 
 
 @check("TrainingSession", hidden=True)
@@ -231,7 +275,13 @@ def session_error_invalidates_the_accumulation(impl):
                       lambda: session.train_step(batches[1], TrainingStepOptions(normalization_units=units),
                                                  token_weighted_step), RuntimeError, "reset_accumulation")
     expect_equal("optimizer_step after the failure", session.optimizer_step, 0)
-    session.reset_accumulation()
+    with rule("state().accumulation_valid is the session's flag as it is now: False after an error, True again "
+              "after reset_accumulation()"):
+        expect_equal("state().accumulation_valid after a failed micro-step", session.state().accumulation_valid,
+                     False)
+        session.reset_accumulation()
+        expect_equal("state().accumulation_valid after reset_accumulation()", session.state().accumulation_valid,
+                     True)
     with rule("reset_accumulation() drops the half-built gradients: every .grad is None "
               "(zero_grad(set_to_none=True)), not a zero tensor"):
         expect_equal("parameters whose .grad is not None after reset_accumulation() (zero_grad(set_to_none=True))",
@@ -246,26 +296,32 @@ def session_error_invalidates_the_accumulation(impl):
 @check("TrainingSession", hidden=True)
 def session_error_anywhere_invalidates_the_accumulation(impl):
     """Not only step_fn: an error in backward, in before_update or in after_update also makes the next call
-    raise AccumulationInvalidError (naming reset_accumulation) until reset_accumulation()."""
-    def raising(where):
+    raise AccumulationInvalidError (naming reset_accumulation) until reset_accumulation(); so does a
+    KeyboardInterrupt (a BaseException, not an Exception: Ctrl-C in a notebook) in step_fn or in backward."""
+    def raising(where, error=RuntimeError):
         def hook(*_):
-            raise RuntimeError(f"error in {where}")
+            raise error(f"error in {where}")
         return hook
     batches = masked_micro_batches()[:2]
-    for where in ("backward (a gradient hook)", "before_update", "after_update"):
+    cases = (("backward (a gradient hook)", RuntimeError), ("before_update", RuntimeError),
+             ("after_update", RuntimeError), ("step_fn", KeyboardInterrupt),
+             ("backward (a gradient hook)", KeyboardInterrupt))
+    for where, error in cases:
         session = new_session(impl, 2)
-        hooks = {where: raising(where)} if where != "backward (a gradient hook)" else {}
-        handle = (session.model.model.norm.weight.register_hook(raising(where)) if not hooks else None)
+        hooks = {} if where.startswith("backward") else {where: raising(where, error)}   # run_update's keywords
+        handle = (session.model.model.norm.weight.register_hook(raising(where, error)) if not hooks else None)
         try:
             run_update(session, batches, **hooks)
-        except RuntimeError as exc:
+        except error as exc:
             if "error in" not in str(exc):
                 raise
         else:
-            fail(f"an update whose {where} raises", "returned", "the RuntimeError propagates")
+            fail(f"an update whose {where} raises {error.__name__}", "returned", f"the {error.__name__} propagates")
         if handle is not None:
             handle.remove()
-        with rule("ANY exception inside train_step (step_fn, backward, before_update, after_update) "
+        where = f"{where} ({error.__name__})"
+        with rule("ANY exception inside train_step (step_fn, backward, before_update, after_update), a "
+                  "BaseException such as KeyboardInterrupt included (except BaseException, re-raised), "
                   "invalidates the accumulation, not only one from step_fn"):
             expect_raises(f"train_step after an error in {where} (before reset_accumulation)",
                           lambda: run_update(session, batches), AccumulationInvalidError, "reset_accumulation")
@@ -292,9 +348,19 @@ def session_after_update_runs_after_step_before_zero_grad(impl):
 
 @check("TrainingSession", hidden=True)
 def session_sets_lr_and_normalization_is_fixed_per_update(impl):
-    """options.lr lands in every param group; normalization_units may not change inside an update."""
-    session = new_session(impl, 2, two_param_groups=True)
+    """options.lr lands in every param group, 0.0 (a schedule's end) included: that update leaves the parameters
+    as they were; normalization_units may not change inside an update."""
     batches = masked_micro_batches()
+    zero_lr = new_session(impl, 1, two_param_groups=True)
+    before = params_of(zero_lr.model)
+    zero_lr.train_step(batches[0], TrainingStepOptions(lr=0.0, normalization_units=29), token_weighted_step)
+    with rule("options.lr, when given (not None), is the lr of every param group: 0.0 is an lr, not 'no lr' "
+              "(test `is not None`, not truthiness)"):
+        expect_equal("lrs of the 2 param groups (0.1 and 0.05 before) after an update with options.lr=0.0",
+                     [g["lr"] for g in zero_lr.optimizer.param_groups], [0.0, 0.0])
+        expect_tensors_close("parameters after an SGD update at lr 0.0", params_of(zero_lr.model), before,
+                             rtol=0.0, atol=0.0)
+    session = new_session(impl, 2, two_param_groups=True)
     session.train_step(batches[0], TrainingStepOptions(lr=0.025, normalization_units=39), token_weighted_step)
     with rule("options.lr goes into EVERY param group (AdamW setups often have two)"):
         expect_equal("lrs of the 2 param groups (0.1 and 0.05 before) after options.lr=0.025",
@@ -327,6 +393,12 @@ def session_state_and_load_state_round_trip(impl):
     with rule("load_state restores optimizer_step and writes state.lr into every param group"):
         expect_equal("after load_state(state at update 1, lr 0.025): (optimizer_step, lrs of both groups)",
                      (restored.optimizer_step, lrs(restored)), (1, [0.025, 0.025]))
+    saved_from.load_state(replace(boundary, lr=0.05, optimizer_step=5))
+    with rule("state() reports the session as it is now: after load_state, the loaded lr and optimizer_step "
+              "(not the last options.lr the session saw)"):
+        expect_equal("state() (lr, optimizer_step) after load_state(lr 0.05, optimizer_step 5) on a session that "
+                     "trained at options.lr 0.025", (saved_from.state().lr, saved_from.state().optimizer_step),
+                     (0.05, 5))
     saved_from.train_step(batches[0], TrainingStepOptions(lr=0.0125, normalization_units=39), token_weighted_step)
     inside = saved_from.state()
     expect_equal("state().microsteps_accumulated after 1 micro-step of 2", inside.microsteps_accumulated, 1)
@@ -343,4 +415,4 @@ def session_state_and_load_state_round_trip(impl):
         expect_raises("load_state(boundary state) on a session inside an update",
                       lambda: saved_from.load_state(boundary), ValueError, "microsteps_accumulated")
     expect_equal("(optimizer_step, lrs) of the session inside an update after a refused load_state",
-                 (saved_from.optimizer_step, lrs(saved_from)), (1, [0.0125, 0.0125]))
+                 (saved_from.optimizer_step, lrs(saved_from)), (5, [0.0125, 0.0125]))

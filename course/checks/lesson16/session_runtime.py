@@ -17,6 +17,7 @@ from ..framework import check, expect_close, expect_equal, expect_tensors_close,
 from ..host_syncs import count_host_syncs
 from .checks import count_hint, rule
 from .session import gradient_norm
+from .session_updates import UPDATE_CUTS
 
 
 @check("TrainingSession", hidden=True)
@@ -131,12 +132,65 @@ def session_scaler_growth_is_no_skip(impl):
 
 
 @check("TrainingSession", hidden=True)
+def session_skip_detection_follows_any_scaler_factors(impl):
+    """GradScaler('cpu', growth_interval=1) with factors other than the defaults (backoff 0.5 and growth 2: the
+    checks above) on both sides of them (backoff 0.25 / growth 4, backoff 0.75 / growth 1.5), K=1: a clean update,
+    an inf one, a clean one. Only the update whose scale went DOWN, by whatever backoff_factor, was skipped; a
+    scale that grew by any factor stepped."""
+    batch = masked_micro_batches()[3:]
+    for backoff, growth in ((0.25, 4.0), (0.75, 1.5)):
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_factor=growth, backoff_factor=backoff,
+                                      growth_interval=1)
+        session = new_session(impl, 1, scaler=scaler)
+        seen, norm_weight = [], session.model.model.norm.weight
+        for poisoned in (False, True, False):
+            hook = norm_weight.register_hook(lambda g: g + float("inf")) if poisoned else None
+            report = run_update(session, batch)[-1]
+            if hook is not None:
+                hook.remove()
+            seen.append((report.parameters_updated, report.overflow_skipped, scaler.get_scale()))
+        scales = (2.0 ** 8 * growth, 2.0 ** 8 * growth * backoff, 2.0 ** 8 * growth * backoff * growth)
+        with rule("a skip is a scale the GradScaler LOWERED (new < old), whatever its backoff_factor; a scale "
+                  "that grew, by whatever growth_factor, belongs to a step that happened: compare, do not "
+                  "hard-code 0.5 or 2"):
+            expect_equal(f"(parameters_updated, overflow_skipped, scale) per update: clean, inf, clean "
+                         f"(backoff_factor {backoff}, growth_factor {growth}, growth_interval 1)", seen,
+                         [(True, False, scales[0]), (False, True, scales[1]), (True, False, scales[2])])
+
+
+@check("TrainingSession", hidden=True)
+def session_runs_every_backward(impl):
+    """Every micro-step runs its backward, one whose micro-batch has no valid target (gradient_units 0) included,
+    whether it closes the update or not: under DDP a rank that skips the closing backward never joins the
+    gradient all-reduce the other ranks wait in (a hang)."""
+    batches = masked_micro_batches(UPDATE_CUTS)
+    with_target, all_padding = batches[2], batches[3]          # 1 and 0 valid targets
+    backwards: list = []
+
+    def counted_step(model, batch):
+        output = token_weighted_step(model, batch)
+        output.loss.register_hook(lambda grad: backwards.append(batch.loss_units))
+        return output
+    session = new_session(impl, 2)
+    for update in ((with_target, all_padding), (all_padding, with_target)):
+        run_update(session, list(update), step_fn=counted_step)
+    with rule("every micro-step backpropagates its loss (times gradient_units / normalization_units, 0 for an "
+              "all-padding micro-batch): skipping it leaves a DDP rank out of the all-reduce, a hang"):
+        expect_equal("backward passes, by the valid targets of their micro-batch (2 updates of K=2, the all-padding "
+                     "one closing the first)", backwards, [1, 0, 0, 1])
+
+
+@check("TrainingSession", hidden=True)
 def session_accumulates_detached_loss_sums(impl):
     """A step_fn whose loss_sum still carries its graph: the session keeps loss_sum.detach(), so no micro-step's
-    graph stays alive in the update's total (state().loss_sum, the report's loss_sum)."""
+    graph stays alive in the update's total (state().loss_sum, the report's loss_sum); the tensors step_fn
+    returned keep their values (the total is a new tensor, not the first loss_sum added into in place)."""
+    returned: list = []
+
     def attached_step(model, batch):
         output = token_weighted_step(model, batch)
         nll_sum = token_nll_sum(model(batch.input_ids).logits, batch.labels)   # with its graph
+        returned.append((nll_sum, nll_sum.detach().clone()))
         return TrainingStepOutput(output.loss, output.gradient_units, nll_sum, output.loss_units)
     batches = masked_micro_batches()[:3]
     session = new_session(impl, 3)
@@ -151,6 +205,10 @@ def session_accumulates_detached_loss_sums(impl):
                  "hint: accumulate output.loss_sum.detach(): the sum of attached tensors keeps every micro-step's "
                  "graph (activations) in memory until the update closes")
     expect_equal("micro-steps before the boundary", [r.parameters_updated for r in reports], [False, False])
+    with rule("the session never writes into a tensor step_fn returned: sum into a new tensor (a + b), not "
+              "total += b on the first loss_sum (its .detach() shares the caller's storage)"):
+        expect_equal("loss_sum values step_fn returned, read after the update",
+                     [float(tensor.detach()) for tensor, _ in returned], [float(value) for _, value in returned])
 
 
 @check("TrainingSession", hidden=True)

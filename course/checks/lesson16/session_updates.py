@@ -139,13 +139,13 @@ def session_k1_every_microstep_is_an_update(impl):
 def session_weights_by_gradient_units(impl):
     """A step_fn whose gradient_units is not its loss_units (naive_mean_step: the micro-batch MEAN counts as 1
     unit, loss_units = its n_k valid targets), normalization_units = K: the update's gradient is the sum of
-    mean_k / K (the mean of micro-batch means), for K = 2 and 4."""
+    mean_k / K (the mean of micro-batch means), for K = 2 and 4; the report's loss_units is the sum of the n_k."""
     batches = masked_micro_batches()
     for k in (2, 4):
         session = new_session(impl, k)
         before, captured = params_of(session.model), {}
-        run_update(session, batches[:k], units=k, step_fn=naive_mean_step,
-                   before_update=capture_grads(session, captured))
+        report = run_update(session, batches[:k], units=k, step_fn=naive_mean_step,
+                            before_update=capture_grads(session, captured))[-1]
         model = session_model(before)
         for batch in batches[:k]:
             (naive_mean_step(model, batch).loss / k).backward()
@@ -154,6 +154,10 @@ def session_weights_by_gradient_units(impl):
             expect_tensors_close(f"gradient of a naive_mean_step update (K={k}, gradient_units 1, loss_units "
                                  f"{[b.loss_units for b in batches[:k]]})", captured, grads_of(model),
                                  rtol=GRAD_RTOL, atol=GRAD_ATOL)
+        with rule("the report's loss_units is the sum of the micro-steps' output.loss_units (the targets the "
+                  "loss_sum covers), whatever gradient_units weighed the backward"):
+            expect_equal(f"loss_units reported by a naive_mean_step update (K={k}, gradient_units {k} in all)",
+                         report.loss_units, sum(b.loss_units for b in batches[:k]))
 
 
 @check("TrainingSession", hidden=True)
