@@ -165,6 +165,8 @@ def expect_sampler_batches(where: str, sampler, expected: list) -> None:
     for attempt in ("", " (second pass)"):
         batches = list(sampler)
         expect_equal(f"{where} batches{attempt}", [list(b) for b in batches], expected)
+        expect_equal(f"{where} types of the batches{attempt} (DataLoader's batch_sampler contract: lists)",
+                     sorted({type(b).__name__ for b in batches}), ["list"] if batches else [])
     expect_equal(f"len({where})", len(sampler), len(expected))
 
 
@@ -201,15 +203,18 @@ def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
 
 
 @check("SkipBatchSampler", hidden=True)
-@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1), then skip_batches (an int in [0, ceil(N / batch_size)]), each error naming its argument')
+@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1, not a bool), then skip_batches (an int in [0, ceil(N / batch_size)], not a bool), each error naming its argument')
 def skip_batch_sampler_rejects_bad_arguments(impl):
-    """A batch_size that is not an int >= 1, a skip outside [0, ceil(N / bs)] raise ValueError naming the
-    argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices'."""
+    """A batch_size that is not an int >= 1 (True is a bool), a skip outside [0, ceil(N / bs)] raise ValueError
+    naming the argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices';
+    with several bad arguments, the first in the order indices, batch_size, skip_batches is named."""
     for indices, batch_size, skip, exc_type, bad in [
             (range(10), 0, 0, ValueError, "batch_size"), (range(10), -2, 0, ValueError, "batch_size"),
             (range(10), 2.0, 0, ValueError, "batch_size"), (range(10), 3, -1, ValueError, "skip_batches"),
             (range(10), 3, 5, ValueError, "skip_batches"), (range(9), 3, 4, ValueError, "skip_batches"),
-            (range(10), 3, 1.0, ValueError, "skip_batches"),
-            ((i for i in range(10)), 3, 0, TypeError, "indices"), (iter(range(10)), 3, 5, TypeError, "indices")]:
+            (range(10), 3, 1.0, ValueError, "skip_batches"), (range(10), True, 0, ValueError, "batch_size"),
+            (range(10), 3, True, ValueError, "skip_batches"), (range(10), 0, 99, ValueError, "batch_size"),
+            ((i for i in range(10)), 3, 0, TypeError, "indices"), (iter(range(10)), 3, 5, TypeError, "indices"),
+            ((i for i in range(10)), 0, -1, TypeError, "indices")]:
         expect_raises(f"SkipBatchSampler({type(indices).__name__} of 10, {batch_size!r}, {skip!r})",
                       lambda: impl.SkipBatchSampler(indices, batch_size, skip), exc_type, bad, SAMPLER_ARGUMENTS)
