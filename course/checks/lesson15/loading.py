@@ -17,7 +17,7 @@ from course.runs import save_objects, train_until, training_objects
 from course.runs.eager import eager
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
-from ..framework import check, expect_equal, expect_raises, expect_tensors_close
+from ..framework import check, expect_equal, expect_tensors_close
 from .checks import (CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint,
                      names_the_rule)
 from .saving import expect_optimizer_state_equal

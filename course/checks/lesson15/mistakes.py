@@ -257,7 +257,8 @@ MISTAKES = [
         "loads and the next step crashes", "_validate_optimizer_state", "value.shape != param.shape",
         "value.numel() != param.numel()", load_checkpoint_rejects_foreign_checkpoints),
     mistake("unknown_optimizer_ids_accepted", "ignores optimizer state under a parameter id no group holds",
-        "_validate_optimizer_state", "    if unknown:\n", "    if False:\n", load_checkpoint_rejects_foreign_checkpoints),
+        "_validate_optimizer_state", "    if unknown:\n", "    if False:\n",
+        load_checkpoint_rejects_foreign_checkpoints),
     mistake("model_entries_not_checked_as_tensors", "checks the shape of tensor entries only: a list in the model "
         "entry fails later without the path", "_validate_model_state",
         "if not torch.is_tensor(got) or got.shape != want.shape:", "if torch.is_tensor(got) and got.shape != "
