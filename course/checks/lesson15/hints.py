@@ -11,7 +11,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "Arguments in the order indices (sized, else TypeError naming indices), batch_size (int >= 1), "
         "skip_batches (int in [0, ceil(N / batch_size)]), else ValueError naming it; a bool is not an int "
         "here. Keep a reference to indices, not a copy, and iterate it again in every __iter__ (set_epoch "
-        "reshuffles a DistributedSampler); start a NEW list (not a tuple) for every batch. len = ceil(N / batch_size) - skip_batches.",
+        "reshuffles a DistributedSampler); start a NEW list (not a tuple) for every batch. len = "
+        "ceil(N / batch_size) - skip_batches.",
         "In __iter__: skipped = skip_batches * batch_size; for position, index in enumerate(self.indices): skip "
         "positions below skipped, append the rest to batch, yield it and rebind batch = [] when it is full; after "
         "the loop yield a non-empty batch. __len__: (len(self.indices) + bs - 1) // bs - skip_batches.",
