@@ -9,6 +9,7 @@ oracle loop (``course.minimind.train_pretrain.train_epoch``), so lesson 15 does 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch.utils.data import DistributedSampler
 
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.runs import RunResult, resume_and_finish, run_oracle, save_objects, train_until, training_objects
+from course.runs.loop import LoopScenario
 from course.runs.scenarios import RESUME_BASE
 
 from ..framework import (CheckFailure, check, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close,
@@ -114,6 +116,28 @@ def fake_rank(rank: int, world_size: int):
             setattr(dist, name, value)
 
 
+# --- the trained objects every check saves --------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def trained_states(scenario: LoopScenario, stop_epoch: int, stop_step: int):
+    """Model, optimizer and scaler states and the records of oracle training up to a stop point: trained once
+    per stop point, not once per check."""
+    objects, records = train_until(scenario, stop_epoch, stop_step)
+    return objects.model.state_dict(), objects.optimizer.state_dict(), objects.scaler.state_dict(), records
+
+
+def trained(scenario: LoopScenario, stop_epoch: int, stop_step: int):
+    """(fresh objects holding ``trained_states``, the records): what ``train_until`` returns, without training.
+    Copies, so a check may change them; no injected overflow (the states already hold its effect)."""
+    model_state, optimizer_state, scaler_state, records = trained_states(scenario, stop_epoch, stop_step)
+    objects = training_objects(scenario.with_(overflow_at_backward=None))
+    objects.model.load_state_dict(model_state)
+    objects.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+    objects.scaler.load_state_dict(scaler_state)
+    return objects, copy.deepcopy(records)
+
+
 # --- comparing a resumed run with the uninterrupted one ----------------------------------------
 
 
@@ -136,7 +160,7 @@ def compare_resumed(where: str, records_before, resumed: RunResult, uninterrupte
 
 def check_exact_resume(impl, cases) -> None:
     for scenario, stop_epoch, stop_step in cases:
-        objects, records_before = train_until(scenario, stop_epoch, stop_step)
+        objects, records_before = trained(scenario, stop_epoch, stop_step)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "resume.pth"
             save_objects(impl, path, objects, stop_epoch, stop_step)
@@ -147,7 +171,7 @@ def check_exact_resume(impl, cases) -> None:
 @contextlib.contextmanager
 def good_checkpoint(impl):
     """(trained objects, fresh target objects, temp dir, a good checkpoint of the trained ones there)."""
-    objects, _ = train_until(RESUME_BASE, 0, 2)
+    objects, _ = trained(RESUME_BASE, 0, 2)
     with tempfile.TemporaryDirectory() as tmp:
         good = Path(tmp) / "good.pth"
         save_objects(impl, good, objects, 0, 2)

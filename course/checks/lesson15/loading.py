@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from course.minimind.trainer_utils import lm_checkpoint
-from course.runs import save_objects, train_until, training_objects
+from course.runs import save_objects, training_objects
 from course.runs.eager import eager
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
 from ..framework import check, expect_equal, expect_tensors_close
 from .checks import (CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint,
-                     names_the_rule)
+                     names_the_rule, trained)
 from .saving import expect_optimizer_state_equal
 
 
@@ -32,7 +32,7 @@ def load_checkpoint_restores_everything(impl):
     """Fresh model, optimizer and scaler get the saved state bit for bit (path a str or a Path); the dict carries
     counters and extras; a load with the model alone restores the model."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
-    objects, _ = train_until(scenario, stop_epoch, stop_step)
+    objects, _ = trained(scenario, stop_epoch, stop_step)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     fresh = training_objects(scenario)
     fresh_model, fresh_optimizer, fresh_scaler = fresh.model, fresh.optimizer, fresh.scaler
@@ -131,8 +131,7 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
 
         wrong_value = Path(tmp) / "wrong_value.pth"
         for name, value in (("model.layers.0.self_attn.q_proj.weight", torch.zeros(32, 64)),
-                            ("model.norm.weight", [1.0] * 32), ("model.layers.0.mlp.up_proj.weight", 0.0),
-                            ("model.embed_tokens.weight", None)):
+                            ("model.norm.weight", [1.0] * 32), ("model.embed_tokens.weight", None)):
             torch.save(dict(saved, model=dict(saved["model"], **{name: value})), wrong_value)
             shown = f"of shape {tuple(value.shape)}" if torch.is_tensor(value) else f"a {type(value).__name__}"
             expect_refused(impl, f"load_checkpoint with {name} {shown}, not a tensor of its shape", wrong_value,
@@ -170,7 +169,7 @@ def unreadable_contents(data: bytes):
     """(what, bytes) of files torch.load cannot read; it raises EOFError, RuntimeError, UnpicklingError,
     IndexError or struct.error for them."""
     yield "an empty file (a crash right after open(path, 'wb'))", b""
-    for length in (1, 10, 100, len(data) // 2, len(data) - 1):
+    for length in (1, 10, len(data) // 2, len(data) - 1):
         yield f"a file truncated to {length} of its {len(data)} bytes", data[:length]
     yield "a file of text", b"not a checkpoint\n"
     yield "a file of binary garbage", bytes(range(256)) * 4
@@ -194,9 +193,8 @@ def foreign_optimizer_states(model, saved: dict):
     first, second = group["params"][6:8]  # k_norm (4,) and input_layernorm (32,): 1-D, another length
     yield ("AdamW moments of parameters 6 and 7 swapped (another parameter order)",
            dict(saved, state={**saved["state"], first: saved["state"][second], second: saved["state"][first]}))
-    for index, key, reshaped in ((2, "exp_avg", lambda t: t.t()), (7, "exp_avg_sq", lambda t: t.reshape(-1, 1)),
-                                 (9, "exp_avg", lambda t: t.flatten())):
-        pid = group["params"][index]  # k_proj (16, 32), input_layernorm (32,), gate_proj (128, 32)
+    for index, key, reshaped in ((2, "exp_avg", lambda t: t.t()), (7, "exp_avg_sq", lambda t: t.reshape(-1, 1))):
+        pid = group["params"][index]  # k_proj (16, 32), input_layernorm (32,)
         moment = reshaped(saved["state"][pid][key])
         yield (f"AdamW {key} of parameter {index} reshaped to {tuple(moment.shape)} (as many elements, another "
                "shape)", dict(saved, state={**saved["state"], pid: dict(saved["state"][pid], **{key: moment})}))
@@ -221,7 +219,7 @@ def load_checkpoint_rejects_a_missing_key(impl):
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
 @names_the_rule('compare the whole model_config with dataclasses.asdict(model.config), not only the shapes, in both directions: name the field that differs, is missing or is extra')
 def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
-    """A checkpoint whose model_config differs only where no shape shows it (rope_theta, dropout), lacks a field
+    """A checkpoint whose model_config differs only where no shape shows it (rope_theta), lacks a field
     or has one more (a config class of another version): ValueError naming the path and the field, nothing
     loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
@@ -230,7 +228,6 @@ def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
         other_config = Path(tmp) / "other_config.pth"
         for what, field, other in (
                 ("rope_theta=1e4 into a model with rope_theta=1e6", "rope_theta", dict(config, rope_theta=1e4)),
-                ("dropout=0.1 into a model with dropout=0.0", "dropout", dict(config, dropout=0.1)),
                 ("an extra field sliding_window=64", "sliding_window", dict(config, sliding_window=64)),
                 ("no field norm_topk_prob", "norm_topk_prob",
                  {k: v for k, v in config.items() if k != "norm_topk_prob"})):
@@ -251,7 +248,7 @@ def load_checkpoint_rejects_a_disabled_scaler_state(impl):
 
 
 SCALER_SETTINGS = (  # (init_scale, growth_factor, backoff_factor, growth_interval), none of them torch's default
-    (2.0 ** 10, 3.0, 0.25, 2), (2.0 ** 4, 1.5, 0.75, 1), (2.0 ** 20, 4.0, 0.125, 3))
+    (2.0 ** 10, 3.0, 0.25, 2), (2.0 ** 4, 1.5, 0.75, 1))
 OVERFLOWS = (False, True, False, False, False, True, False, False)  # a non-finite gradient at these updates
 
 
@@ -320,7 +317,7 @@ def load_checkpoint_rescales_step_for_world_size(impl):
 def load_checkpoint_rejects_bad_counters(impl):
     """A saved epoch/step that is not an int >= 0 or world_size not an int >= 1 (True is a bool): ValueError
     naming the path and the key, nothing loaded; a world_size argument that is not an int >= 1 (0, -1, 2.0,
-    True, "2"): ValueError naming it, nothing loaded."""
+    True): ValueError naming it, nothing loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
         saved = torch.load(good, weights_only=True)
         for key, value in (("step", -1), ("epoch", 0.5), ("world_size", 0), ("step", "2"), ("step", True)):
@@ -328,7 +325,7 @@ def load_checkpoint_rejects_bad_counters(impl):
             torch.save(dict(saved, **{key: value}), bad)
             expect_refused(impl, f"load_checkpoint of a checkpoint with {key}={value!r}", bad, target, ValueError,
                            [str(bad), key])
-        for world_size in (0, -1, 2.0, True, "2"):
+        for world_size in (0, 2.0, True):
             expect_refused(impl, f"load_checkpoint(good checkpoint, world_size={world_size!r})", good, target,
                            ValueError, ["world_size"], world_size=world_size)
 
