@@ -79,7 +79,7 @@ def expect_refused(impl, what: str, path, objects, exc_type, mentions, world_siz
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
-@names_the_rule('read with torch.load(..., weights_only=True); a missing file is a FileNotFoundError; whatever torch.load raises for an unreadable file (EOFError, RuntimeError, UnpicklingError, OSError, ...), a non-dict or a model entry that is no dict is a ValueError, each naming the path, before anything is loaded')
+@names_the_rule('read with torch.load(..., weights_only=True); a missing file is a FileNotFoundError; whatever torch.load raises for an unreadable path, a directory too (EOFError, RuntimeError, UnpicklingError, OSError, ...), a non-dict or a model entry that is no dict is a ValueError, each naming the path, before anything is loaded')
 def load_checkpoint_rejects_unreadable_files(impl):
     """Missing, empty, truncated (at several lengths), garbage, a directory, arbitrary-object files and ones
     holding no checkpoint dict: a clear error naming the path, nothing loaded."""
@@ -106,7 +106,7 @@ def load_checkpoint_rejects_unreadable_files(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
-@names_the_rule("validate everything before the first load_state_dict: the six keys, model keys, shapes and dtypes (name the parameter), the optimizer's groups, parameters, hyper-parameter keys and state shapes (name optimizer); each ValueError names the path")
+@names_the_rule("validate everything before the first load_state_dict: the six keys, model keys, shapes and dtypes of tensors (a non-tensor is refused; name the parameter), the optimizer's groups, parameters (no state under unknown ids), hyper-parameter keys and state shapes (name optimizer; the same numel is not the same shape); each ValueError names the path")
 def load_checkpoint_rejects_foreign_checkpoints(impl):
     """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError
     naming the path and the offending key (a missing key, the parameter, a config field, 'optimizer')."""
