@@ -21,6 +21,11 @@ from torch.utils.data import Sampler
 REQUIRED_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size")
 
 
+def _is_int(value) -> bool:
+    """An int that is not a bool: ``True`` is an int to Python but never a batch size, step or world size."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class SkipBatchSampler(Sampler):
     """Batches ``indices`` in order, skipping the first ``skip_batches`` full batches (upstream semantics:
     the final partial batch is kept, ``len = ceil(N / batch_size) - skip_batches``). ``indices`` is read
@@ -30,10 +35,10 @@ class SkipBatchSampler(Sampler):
         if not isinstance(indices, Sized):
             raise TypeError(f"indices must be sized and re-iterable (a range, list or Sampler), got a "
                             f"{type(indices).__name__}: without len() neither the skip nor len(sampler) is defined")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not _is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         total = (len(indices) + batch_size - 1) // batch_size
-        if not isinstance(skip_batches, int) or not 0 <= skip_batches <= total:
+        if not _is_int(skip_batches) or not 0 <= skip_batches <= total:
             raise ValueError(f"skip_batches must be an int in [0, {total}] (the epoch has {total} batches of "
                              f"{batch_size}), got {skip_batches!r}")
         self.indices = indices
@@ -60,7 +65,7 @@ class SkipBatchSampler(Sampler):
 def _world_size(world_size):
     if world_size is None:
         return dist.get_world_size() if dist.is_initialized() else 1
-    if not isinstance(world_size, int) or world_size < 1:
+    if not _is_int(world_size) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 or None, got {world_size!r}")
     return world_size
 
@@ -89,9 +94,9 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
     """
     path = Path(path)
     model = _unwrapped(model)
-    if not isinstance(epoch, int) or epoch < 0:
+    if not _is_int(epoch) or epoch < 0:
         raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-    if not isinstance(step, int) or step < 0:
+    if not _is_int(step) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):
         raise ValueError(f"cannot save at epoch {epoch} step {step}: the model holds accumulated gradients "
@@ -126,6 +131,9 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
         raise
 
 
+ABSENT = "<absent>"  # a config field only one side has
+
+
 def _bad(path, what):
     return ValueError(f"checkpoint {str(path)!r}: {what}")
 
@@ -133,7 +141,9 @@ def _bad(path, what):
 def _validate_model_state(path, state, model, saved_config):
     config = _model_config(model)
     if saved_config is not None and config is not None and saved_config != config:
-        diff = {k: (saved_config.get(k), v) for k, v in config.items() if saved_config.get(k) != v}
+        pairs = {k: (saved_config.get(k, ABSENT), config.get(k, ABSENT))
+                 for k in sorted(config.keys() | saved_config.keys())}
+        diff = {k: pair for k, pair in pairs.items() if pair[0] != pair[1]}
         raise _bad(path, f"written for another model config; (checkpoint, model) differ in {diff}")
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
@@ -154,6 +164,9 @@ def _validate_optimizer_state(path, state, optimizer):
         raise _bad(path, "optimizer entry is not an optimizer state_dict")
     params = [p for group in optimizer.param_groups for p in group["params"]]
     saved_ids = [i for group in state["param_groups"] for i in group["params"]]
+    unknown = sorted(set(state["state"]) - set(saved_ids), key=str)
+    if unknown:
+        raise _bad(path, f"optimizer state for parameter ids {unknown[:5]} that no param group holds")
     if len(state["param_groups"]) != len(optimizer.param_groups) or len(saved_ids) != len(params):
         raise _bad(path, f"optimizer state has {len(saved_ids)} parameters in {len(state['param_groups'])} "
                          f"groups, the optimizer {len(params)} in {len(optimizer.param_groups)}")
@@ -176,8 +189,7 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     ``step`` is rescaled as upstream does: ``step * saved // current``.
     """
     path = Path(path)
-    current = _world_size(world_size)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
@@ -190,7 +202,7 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     if missing:
         raise _bad(path, f"missing {missing}: a weights file or another format, not a resume checkpoint")
     for key in ("epoch", "step", "world_size"):
-        if not isinstance(checkpoint[key], int) or checkpoint[key] < (1 if key == "world_size" else 0):
+        if not _is_int(checkpoint[key]) or checkpoint[key] < (1 if key == "world_size" else 0):
             raise _bad(path, f"{key} is {checkpoint[key]!r}")
     if not isinstance(checkpoint["model"], dict):
         raise _bad(path, "model entry is not a state_dict")
@@ -202,6 +214,7 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
         raise _bad(path, "scaler state is empty (saved from a disabled GradScaler, a run without fp16) but the "
                          "scaler is enabled")
 
+    current = _world_size(world_size)  # the last refusal: it too comes before anything is loaded
     model.load_state_dict(checkpoint["model"])
     if optimizer is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -215,7 +228,7 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
 def resume_position(checkpoint, iters: int) -> tuple[int, int]:
     """``(start_epoch, start_step)`` for a loop with ``iters`` micro-batches per epoch; a checkpoint
     written at the end of an epoch (``step == iters``) resumes at the start of the next one."""
-    if not isinstance(iters, int) or iters < 1:
+    if not _is_int(iters) or iters < 1:
         raise ValueError(f"iters must be an int >= 1, got {iters!r}")
     epoch, step = checkpoint["epoch"], checkpoint["step"]
     if not 0 <= step <= iters:

@@ -9,6 +9,7 @@ oracle loop (``course.minimind.train_pretrain.train_epoch``), so lesson 15 does 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch.utils.data import DistributedSampler
 
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.runs import RunResult, resume_and_finish, run_oracle, save_objects, train_until, training_objects
+from course.runs.loop import LoopScenario
 from course.runs.scenarios import RESUME_BASE
 
 from ..framework import (CheckFailure, check, expect_equal, expect_raises, expect_tensor_close, expect_tensors_close,
@@ -114,6 +116,28 @@ def fake_rank(rank: int, world_size: int):
             setattr(dist, name, value)
 
 
+# --- the trained objects every check saves --------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def trained_states(scenario: LoopScenario, stop_epoch: int, stop_step: int):
+    """Model, optimizer and scaler states and the records of oracle training up to a stop point: trained once
+    per stop point, not once per check."""
+    objects, records = train_until(scenario, stop_epoch, stop_step)
+    return objects.model.state_dict(), objects.optimizer.state_dict(), objects.scaler.state_dict(), records
+
+
+def trained(scenario: LoopScenario, stop_epoch: int, stop_step: int):
+    """(fresh objects holding ``trained_states``, the records): what ``train_until`` returns, without training.
+    Copies, so a check may change them; no injected overflow (the states already hold its effect)."""
+    model_state, optimizer_state, scaler_state, records = trained_states(scenario, stop_epoch, stop_step)
+    objects = training_objects(scenario.with_(overflow_at_backward=None))
+    objects.model.load_state_dict(model_state)
+    objects.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+    objects.scaler.load_state_dict(scaler_state)
+    return objects, copy.deepcopy(records)
+
+
 # --- comparing a resumed run with the uninterrupted one ----------------------------------------
 
 
@@ -136,7 +160,7 @@ def compare_resumed(where: str, records_before, resumed: RunResult, uninterrupte
 
 def check_exact_resume(impl, cases) -> None:
     for scenario, stop_epoch, stop_step in cases:
-        objects, records_before = train_until(scenario, stop_epoch, stop_step)
+        objects, records_before = trained(scenario, stop_epoch, stop_step)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "resume.pth"
             save_objects(impl, path, objects, stop_epoch, stop_step)
@@ -147,7 +171,7 @@ def check_exact_resume(impl, cases) -> None:
 @contextlib.contextmanager
 def good_checkpoint(impl):
     """(trained objects, fresh target objects, temp dir, a good checkpoint of the trained ones there)."""
-    objects, _ = train_until(RESUME_BASE, 0, 2)
+    objects, _ = trained(RESUME_BASE, 0, 2)
     with tempfile.TemporaryDirectory() as tmp:
         good = Path(tmp) / "good.pth"
         save_objects(impl, good, objects, 0, 2)
@@ -165,6 +189,8 @@ def expect_sampler_batches(where: str, sampler, expected: list) -> None:
     for attempt in ("", " (second pass)"):
         batches = list(sampler)
         expect_equal(f"{where} batches{attempt}", [list(b) for b in batches], expected)
+        expect_equal(f"{where} types of the batches{attempt} (DataLoader's batch_sampler contract: lists)",
+                     sorted({type(b).__name__ for b in batches}), ["list"] if batches else [])
     expect_equal(f"len({where})", len(sampler), len(expected))
 
 
@@ -201,15 +227,18 @@ def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
 
 
 @check("SkipBatchSampler", hidden=True)
-@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1), then skip_batches (an int in [0, ceil(N / batch_size)]), each error naming its argument')
+@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1, not a bool), then skip_batches (an int in [0, ceil(N / batch_size)], not a bool), each error naming its argument')
 def skip_batch_sampler_rejects_bad_arguments(impl):
-    """A batch_size that is not an int >= 1, a skip outside [0, ceil(N / bs)] raise ValueError naming the
-    argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices'."""
+    """A batch_size that is not an int >= 1 (True is a bool), a skip outside [0, ceil(N / bs)] raise ValueError
+    naming the argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices';
+    with several bad arguments, the first in the order indices, batch_size, skip_batches is named."""
     for indices, batch_size, skip, exc_type, bad in [
             (range(10), 0, 0, ValueError, "batch_size"), (range(10), -2, 0, ValueError, "batch_size"),
             (range(10), 2.0, 0, ValueError, "batch_size"), (range(10), 3, -1, ValueError, "skip_batches"),
             (range(10), 3, 5, ValueError, "skip_batches"), (range(9), 3, 4, ValueError, "skip_batches"),
-            (range(10), 3, 1.0, ValueError, "skip_batches"),
-            ((i for i in range(10)), 3, 0, TypeError, "indices"), (iter(range(10)), 3, 5, TypeError, "indices")]:
+            (range(10), 3, 1.0, ValueError, "skip_batches"), (range(10), True, 0, ValueError, "batch_size"),
+            (range(10), 3, True, ValueError, "skip_batches"), (range(10), 0, 99, ValueError, "batch_size"),
+            ((i for i in range(10)), 3, 0, TypeError, "indices"), (iter(range(10)), 3, 5, TypeError, "indices"),
+            ((i for i in range(10)), 0, -1, TypeError, "indices")]:
         expect_raises(f"SkipBatchSampler({type(indices).__name__} of 10, {batch_size!r}, {skip!r})",
                       lambda: impl.SkipBatchSampler(indices, batch_size, skip), exc_type, bad, SAMPLER_ARGUMENTS)

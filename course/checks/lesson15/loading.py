@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from course.minimind.trainer_utils import lm_checkpoint
-from course.runs import save_objects, train_until, training_objects
+from course.runs import save_objects, training_objects
 from course.runs.eager import eager
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
-from ..framework import check, expect_equal, expect_raises, expect_tensors_close
+from ..framework import check, expect_equal, expect_tensors_close
 from .checks import (CHECKPOINT_KEYS, NotATensor, expect_raises_naming, expect_works, fake_rank, good_checkpoint,
-                     names_the_rule)
+                     names_the_rule, trained)
 from .saving import expect_optimizer_state_equal
 
 
@@ -32,7 +32,7 @@ def load_checkpoint_restores_everything(impl):
     """Fresh model, optimizer and scaler get the saved state bit for bit (path a str or a Path); the dict carries
     counters and extras; a load with the model alone restores the model."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
-    objects, _ = train_until(scenario, stop_epoch, stop_step)
+    objects, _ = trained(scenario, stop_epoch, stop_step)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
     fresh = training_objects(scenario)
     fresh_model, fresh_optimizer, fresh_scaler = fresh.model, fresh.optimizer, fresh.scaler
@@ -69,26 +69,31 @@ def expect_untouched(what: str, before, objects) -> None:
     expect_equal(f"{what}: GradScaler after the refused load", scaler.state_dict(), scaler_before)
 
 
-def expect_refused(impl, what: str, path, objects, exc_type, mentions) -> None:
+def expect_refused(impl, what: str, path, objects, exc_type, mentions, world_size=None) -> None:
     """Loading ``path`` raises ``exc_type`` naming every item of ``mentions`` (a tuple: any of it); nothing changes."""
     before = snapshot(objects)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
-    expect_raises_naming(what, lambda: impl.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler),
-                         exc_type, mentions)
+    expect_raises_naming(what, lambda: impl.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler,
+                                                            world_size=world_size), exc_type, mentions)
     expect_untouched(what, before, objects)
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
-@names_the_rule('read with torch.load(..., weights_only=True); a missing file is a FileNotFoundError, an unreadable file, a non-dict or a model entry that is no dict a ValueError, each naming the path, before anything is loaded')
+@names_the_rule('read with torch.load(..., weights_only=True); a missing file is a FileNotFoundError; whatever torch.load raises for an unreadable path, a directory too (EOFError, RuntimeError, UnpicklingError, OSError, ...), a non-dict or a model entry that is no dict is a ValueError, each naming the path, before anything is loaded')
 def load_checkpoint_rejects_unreadable_files(impl):
-    """Missing, truncated, arbitrary-object files and ones holding no checkpoint dict: a clear error naming the
-    path, nothing loaded."""
+    """Missing, empty, truncated (at several lengths), garbage, a directory, arbitrary-object files and ones
+    holding no checkpoint dict: a clear error naming the path, nothing loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
         missing = Path(tmp) / "missing.pth"
         expect_refused(impl, "load_checkpoint of a missing file", missing, target, FileNotFoundError, [str(missing)])
-        truncated = Path(tmp) / "truncated.pth"
-        truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-        expect_refused(impl, "load_checkpoint of a truncated file", truncated, target, ValueError, [str(truncated)])
+        data = good.read_bytes()
+        for what, content in unreadable_contents(data):
+            unreadable = Path(tmp) / "unreadable.pth"
+            unreadable.write_bytes(content)
+            expect_refused(impl, f"load_checkpoint of {what}", unreadable, target, ValueError, [str(unreadable)])
+        directory = Path(tmp) / "a_directory.pth"
+        directory.mkdir()
+        expect_refused(impl, "load_checkpoint of a directory", directory, target, ValueError, [str(directory)])
         for what, content in (("a plain tensor", torch.zeros(3)), ("a model entry of None", dict(
                 torch.load(good, weights_only=True), model=None))):
             other = Path(tmp) / "other_content.pth"
@@ -101,7 +106,7 @@ def load_checkpoint_rejects_unreadable_files(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
-@names_the_rule("validate everything before the first load_state_dict: the six keys, model keys, shapes and dtypes (name the parameter), the optimizer's groups, parameters, hyper-parameter keys and state shapes (name optimizer); each ValueError names the path")
+@names_the_rule("validate everything before the first load_state_dict: the six keys, model keys, shapes and dtypes of tensors (a non-tensor is refused; name the parameter), the optimizer's groups, parameters (no state under unknown ids), hyper-parameter keys and state shapes (name optimizer; the same numel is not the same shape); each ValueError names the path")
 def load_checkpoint_rejects_foreign_checkpoints(impl):
     """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError
     naming the path and the offending key (a missing key, the parameter, a config field, 'optimizer')."""
@@ -124,12 +129,13 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
             expect_refused(impl, f"load_checkpoint with {what}", other_keys, target, ValueError,
                            [str(other_keys), names])
 
-        wrong_shape = Path(tmp) / "wrong_shape.pth"
-        name = "model.layers.0.self_attn.q_proj.weight"
-        model_state = dict(saved["model"], **{name: torch.zeros(32, 64)})
-        torch.save(dict(saved, model=model_state), wrong_shape)
-        expect_refused(impl, f"load_checkpoint with {name} of shape (32, 64)", wrong_shape, target, ValueError,
-                       [str(wrong_shape), name])
+        wrong_value = Path(tmp) / "wrong_value.pth"
+        for name, value in (("model.layers.0.self_attn.q_proj.weight", torch.zeros(32, 64)),
+                            ("model.norm.weight", [1.0] * 32), ("model.embed_tokens.weight", None)):
+            torch.save(dict(saved, model=dict(saved["model"], **{name: value})), wrong_value)
+            shown = f"of shape {tuple(value.shape)}" if torch.is_tensor(value) else f"a {type(value).__name__}"
+            expect_refused(impl, f"load_checkpoint with {name} {shown}, not a tensor of its shape", wrong_value,
+                           target, ValueError, [str(wrong_value), name])
 
         config = dataclasses.asdict(objects.model.config)
         for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3),
@@ -148,14 +154,27 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
         lm_checkpoint(model.config, model=model, optimizer=optimizer, epoch=0, step=2, save_dir=str(upstream_dir),
                       scaler=scaler)
         upstream_file = upstream_dir / f"pretrain_{RESUME_BASE.hidden_size}_resume.pth"
-        expect_refused(impl, "load_checkpoint of upstream's resume file (fp16 weights)", upstream_file, target,
-                       ValueError, [str(upstream_file), ("float16",) + parameter_names])
+        expect_refused(impl, "load_checkpoint of upstream's resume file (fp16 weights, no model_config: naming "
+                             "either is right)", upstream_file, target, ValueError,
+                       [str(upstream_file), ("float16", "model_config") + parameter_names])
 
         for what, optimizer_state in foreign_optimizer_states(objects.model, saved["optimizer"]):
             other_optimizer = Path(tmp) / "other_optimizer.pth"
             torch.save(dict(saved, optimizer=optimizer_state), other_optimizer)
             expect_refused(impl, f"load_checkpoint with {what}", other_optimizer, target, ValueError,
                            [str(other_optimizer), "optimizer"])
+
+
+def unreadable_contents(data: bytes):
+    """(what, bytes) of files torch.load cannot read; it raises EOFError, RuntimeError, UnpicklingError,
+    IndexError or struct.error for them."""
+    yield "an empty file (a crash right after open(path, 'wb'))", b""
+    for length in (1, 10, len(data) // 2, len(data) - 1):
+        yield f"a file truncated to {length} of its {len(data)} bytes", data[:length]
+    yield "a file of text", b"not a checkpoint\n"
+    yield "a file of binary garbage", bytes(range(256)) * 4
+    yield "a pickle that stops on an empty stack (IndexError)", b"\x80\x02."
+    yield "a pickle cut inside a string (struct.error)", b"\x80\x02}q\x00(X"
 
 
 def foreign_optimizer_states(model, saved: dict):
@@ -174,6 +193,13 @@ def foreign_optimizer_states(model, saved: dict):
     first, second = group["params"][6:8]  # k_norm (4,) and input_layernorm (32,): 1-D, another length
     yield ("AdamW moments of parameters 6 and 7 swapped (another parameter order)",
            dict(saved, state={**saved["state"], first: saved["state"][second], second: saved["state"][first]}))
+    for index, key, reshaped in ((2, "exp_avg", lambda t: t.t()), (7, "exp_avg_sq", lambda t: t.reshape(-1, 1))):
+        pid = group["params"][index]  # k_proj (16, 32), input_layernorm (32,)
+        moment = reshaped(saved["state"][pid][key])
+        yield (f"AdamW {key} of parameter {index} reshaped to {tuple(moment.shape)} (as many elements, another "
+               "shape)", dict(saved, state={**saved["state"], pid: dict(saved["state"][pid], **{key: moment})}))
+    yield ("the AdamW state plus the state of a parameter id no param group holds",
+           dict(saved, state={**saved["state"], max(group["params"]) + 1: saved["state"][group["params"][0]]}))
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
@@ -191,16 +217,23 @@ def load_checkpoint_rejects_a_missing_key(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
-@names_the_rule('compare the whole model_config with dataclasses.asdict(model.config), not only the shapes: name the field that differs')
+@names_the_rule('compare the whole model_config with dataclasses.asdict(model.config), not only the shapes, in both directions: name the field that differs, is missing or is extra')
 def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
-    """A checkpoint whose model_config differs only where no shape shows it (rope_theta): ValueError naming
-    the path and 'rope_theta', nothing loaded."""
+    """A checkpoint whose model_config differs only where no shape shows it (rope_theta), lacks a field
+    or has one more (a config class of another version): ValueError naming the path and the field, nothing
+    loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
         saved = torch.load(good, weights_only=True)
-        other_rope = Path(tmp) / "other_rope_theta.pth"
-        torch.save(dict(saved, model_config=dict(saved["model_config"], rope_theta=1e4)), other_rope)
-        expect_refused(impl, "load_checkpoint of a checkpoint with rope_theta=1e4 into a model with rope_theta=1e6",
-                       other_rope, target, ValueError, [str(other_rope), "rope_theta"])
+        config = saved["model_config"]
+        other_config = Path(tmp) / "other_config.pth"
+        for what, field, other in (
+                ("rope_theta=1e4 into a model with rope_theta=1e6", "rope_theta", dict(config, rope_theta=1e4)),
+                ("an extra field sliding_window=64", "sliding_window", dict(config, sliding_window=64)),
+                ("no field norm_topk_prob", "norm_topk_prob",
+                 {k: v for k, v in config.items() if k != "norm_topk_prob"})):
+            torch.save(dict(saved, model_config=other), other_config)
+            expect_refused(impl, f"load_checkpoint of a checkpoint whose model_config has {what}", other_config,
+                           target, ValueError, [str(other_config), field])
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
@@ -212,6 +245,50 @@ def load_checkpoint_rejects_a_disabled_scaler_state(impl):
         enabled = training_objects(RESUME_BASE.with_(scaler_enabled=True))
         expect_refused(impl, "load_checkpoint of a run without a GradScaler into an enabled GradScaler", good,
                        enabled, ValueError, [str(good), "scaler"])
+
+
+SCALER_SETTINGS = (  # (init_scale, growth_factor, backoff_factor, growth_interval), none of them torch's default
+    (2.0 ** 10, 3.0, 0.25, 2), (2.0 ** 4, 1.5, 0.75, 1))
+OVERFLOWS = (False, True, False, False, False, True, False, False)  # a non-finite gradient at these updates
+
+
+def scale_schedule(scaler) -> list:
+    """The scale after each of a few updates of one parameter, overflowing at ``OVERFLOWS``: how the scaler
+    grows and backs off."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = eager(torch.optim.SGD)([param], lr=0.0)
+    scales = []
+    for overflow in OVERFLOWS:
+        scaler.scale(torch.ones(()))  # creates the scale tensors a fresh scaler makes lazily
+        param.grad = torch.full((1,), float("inf") if overflow else 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@names_the_rule("restore the GradScaler with scaler.load_state_dict(saved state): its scale, growth tracker AND hyper-parameters (growth_factor, backoff_factor, growth_interval)")
+def load_checkpoint_restores_the_whole_grad_scaler(impl):
+    """A GradScaler with non-default growth_factor, backoff_factor and growth_interval, saved between two
+    growths, loaded into a default one: its state_dict equals the saved one, and it grows and backs off at the
+    same updates by the same factors as the saved scaler."""
+    with good_checkpoint(impl) as (_, _, tmp, good):
+        saved = torch.load(good, weights_only=True)
+        target = training_objects(RESUME_BASE.with_(scaler_enabled=True))
+        path = Path(tmp) / "tuned_scaler.pth"
+        for init_scale, growth, backoff, interval in SCALER_SETTINGS:
+            tuned = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
+                                         growth_interval=interval)
+            scale_schedule(tuned)  # its scale and growth tracker move off their initial values
+            torch.save(dict(saved, scaler=tuned.state_dict()), path)
+            where = (f"a GradScaler(growth_factor={growth}, backoff_factor={backoff}, growth_interval={interval}) "
+                     "loaded into a default one")
+            expect_works(f"load_checkpoint of {where}", lambda: impl.load_checkpoint(
+                path, model=target.model, optimizer=target.optimizer, scaler=target.scaler), "the scaler restored")
+            expect_equal(f"state_dict() of {where}", target.scaler.state_dict(), tuned.state_dict())
+            expect_equal(f"scales of {where} over updates overflowing at {OVERFLOWS}", scale_schedule(target.scaler),
+                         scale_schedule(tuned))
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
@@ -236,21 +313,21 @@ def load_checkpoint_rescales_step_for_world_size(impl):
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
-@names_the_rule('saved epoch and step are ints >= 0, world_size an int >= 1 (name the key, and the path); the world_size argument is None or an int >= 1')
+@names_the_rule('saved epoch and step are ints >= 0, world_size an int >= 1, bools refused (name the key, and the path); the world_size argument is None or an int >= 1 (not a bool), refused before anything is loaded')
 def load_checkpoint_rejects_bad_counters(impl):
-    """A saved epoch/step that is not an int >= 0 or world_size not an int >= 1: ValueError naming the path
-    and the key, nothing loaded; a world_size argument that is not an int >= 1: ValueError naming it."""
+    """A saved epoch/step that is not an int >= 0 or world_size not an int >= 1 (True is a bool): ValueError
+    naming the path and the key, nothing loaded; a world_size argument that is not an int >= 1 (0, -1, 2.0,
+    True): ValueError naming it, nothing loaded."""
     with good_checkpoint(impl) as (_, target, tmp, good):
         saved = torch.load(good, weights_only=True)
-        for key, value in (("step", -1), ("epoch", 0.5), ("world_size", 0), ("step", "2")):
+        for key, value in (("step", -1), ("epoch", 0.5), ("world_size", 0), ("step", "2"), ("step", True)):
             bad = Path(tmp) / f"bad_{key}.pth"
             torch.save(dict(saved, **{key: value}), bad)
             expect_refused(impl, f"load_checkpoint of a checkpoint with {key}={value!r}", bad, target, ValueError,
                            [str(bad), key])
-        model, optimizer, scaler = target.model, target.optimizer, target.scaler
-        expect_raises("load_checkpoint(world_size=0)", lambda: impl.load_checkpoint(
-            good, model=model, optimizer=optimizer, scaler=scaler, world_size=0), ValueError, "world_size",
-            ("path", "model", "optimizer", "scaler", "world_size"))
+        for world_size in (0, 2.0, True):
+            expect_refused(impl, f"load_checkpoint(good checkpoint, world_size={world_size!r})", good, target,
+                           ValueError, ["world_size"], world_size=world_size)
 
 
 @check("load_checkpoint", hidden=True, uses=("save_checkpoint",))

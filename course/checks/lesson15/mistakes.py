@@ -9,12 +9,14 @@ from .loading import (load_checkpoint_reads_a_file_from_another_device, load_che
                       load_checkpoint_rejects_a_missing_key, load_checkpoint_restores_everything,
                       load_checkpoint_rejects_another_config_with_the_same_shapes, load_checkpoint_rejects_bad_counters,
                       load_checkpoint_rejects_foreign_checkpoints, load_checkpoint_rejects_unreadable_files,
-                      load_checkpoint_rescales_step_for_world_size)
+                      load_checkpoint_rescales_step_for_world_size, load_checkpoint_restores_the_whole_grad_scaler)
 from .resume import exact_resume_fp32, exact_resume_with_grad_scaler, resume_position_cases
-from .saving import (save_checkpoint_is_atomic, save_checkpoint_refuses_pending_gradients,
-                     save_checkpoint_rejects_bad_counters, save_checkpoint_unwraps_ddp_and_compile,
-                     save_checkpoint_writes_full_state, save_checkpoint_writes_next_to_the_target,
-                     save_checkpoint_writes_on_rank_0_only)
+from .saving import (save_checkpoint_is_atomic, save_checkpoint_leaves_its_inputs_unchanged,
+                     save_checkpoint_refuses_pending_gradients, save_checkpoint_rejects_bad_counters,
+                     save_checkpoint_unwraps_ddp_and_compile, save_checkpoint_writes_full_state,
+                     save_checkpoint_writes_next_to_the_target, save_checkpoint_writes_on_rank_0_only)
+
+PENDING = "    if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):\n"
 
 MISTAKES = [
     mistake("drops_optimizer_state", "restores the weights only: AdamW restarts with empty moments",
@@ -95,7 +97,7 @@ MISTAKES = [
         "never seen", "SkipBatchSampler.__init__", "        self.indices = indices\n",
         "        self.indices = list(indices)\n", skip_batch_sampler_follows_a_reshuffled_sampler),
     mistake("accepts_a_negative_batch_size", "refuses batch_size 0 only: -2 fails later, in the skip's bounds",
-        "SkipBatchSampler.__init__", "if not isinstance(batch_size, int) or batch_size < 1:", "if batch_size == 0:",
+        "SkipBatchSampler.__init__", "if not _is_int(batch_size) or batch_size < 1:", "if batch_size == 0:",
         skip_batch_sampler_rejects_bad_arguments),
     mistake("unsized_indices_unnamed", "lets len() of a generator fail: a TypeError that does not name indices",
         "SkipBatchSampler.__init__", "        if not isinstance(indices, Sized):\n", "        if False:\n",
@@ -116,7 +118,7 @@ MISTAKES = [
     mistake("extra_overwrites_checkpoint_keys", "an extra named world_size or model_config silently replaces the "
         "saved one", "save_checkpoint", "    if overlap:\n", "    if False:\n", save_checkpoint_rejects_bad_counters),
     mistake("accepts_float_counters", "epoch=1.0 is saved as a float (resume_position and range() then break)",
-        "save_checkpoint", "if not isinstance(epoch, int) or epoch < 0:", "if epoch < 0:",
+        "save_checkpoint", "if not _is_int(epoch) or epoch < 0:", "if epoch < 0:",
         save_checkpoint_rejects_bad_counters),
     mistake("ignores_extra_model_keys", "refuses missing model keys only: an unexpected saved key passes "
         "validation, then load_state_dict raises a RuntimeError without the path", "_validate_model_state",
@@ -158,7 +160,7 @@ MISTAKES = [
         "save_checkpoint", "    path = Path(path)\n    model = _unwrapped(model)\n", "    model = _unwrapped(model)\n",
         save_checkpoint_writes_next_to_the_target),
     mistake("refuses_step_zero", "step <= 0 refused: the checkpoint at the start of a run cannot be written",
-        "save_checkpoint", "if not isinstance(step, int) or step < 0:", "if not isinstance(step, int) or step <= 0:",
+        "save_checkpoint", "if not _is_int(step) or step < 0:", "if not _is_int(step) or step <= 0:",
         save_checkpoint_rejects_bad_counters),
     mistake("load_needs_a_path_object", "path.is_file() of a str path: load_checkpoint('out/resume.pth') raises",
         "load_checkpoint", "    path = Path(path)\n", "", load_checkpoint_restores_everything),
@@ -188,7 +190,95 @@ MISTAKES = [
         'if len(state["param_groups"]) != len(optimizer.param_groups) or len(saved_ids) != len(params):',
         'if len(saved_ids) != len(params) or any(len(s["params"]) != len(g["params"]) for s, g in zip('
         'state["param_groups"], optimizer.param_groups)):', load_checkpoint_rejects_foreign_checkpoints),
+    mistake("save_leaves_eval_mode", "calls model.eval() before reading the state and never restores train mode: "
+        "the run goes on without dropout and MoE aux loss", "save_checkpoint", "    model = _unwrapped(model)\n",
+        "    model = _unwrapped(model)\n    model.eval()\n", save_checkpoint_leaves_its_inputs_unchanged),
+    mistake("save_clears_gradients", "zero_grad(set_to_none=True) while saving: the caller's zero gradient tensors "
+        "become None", "save_checkpoint", "    model = _unwrapped(model)\n",
+        "    model = _unwrapped(model)\n    model.zero_grad(set_to_none=True)\n",
+        save_checkpoint_leaves_its_inputs_unchanged),
+    mistake("pending_only_if_every_parameter", "refuses only when ALL parameters hold non-zero gradients: a frozen "
+        "embedding (grad None) hides the pending ones", "save_checkpoint", PENDING,
+        PENDING.replace("if any(", "if all("), save_checkpoint_refuses_pending_gradients),
+    mistake("pending_checks_first_parameter_only", "looks at the first parameter's gradient only",
+        "save_checkpoint", PENDING, PENDING.replace("model.parameters()", "list(model.parameters())[:1]"),
+        save_checkpoint_refuses_pending_gradients),
+    mistake("pending_means_nonzero_sum", "grad.sum() != 0: a gradient whose entries cancel (+1, -1) is taken for "
+        "none", "save_checkpoint", PENDING, PENDING.replace("p.grad.ne(0).any()", "p.grad.sum() != 0"),
+        save_checkpoint_refuses_pending_gradients),
+    mistake("nan_gradient_not_pending", "grad.abs().sum() > 0: a NaN gradient compares False and passes",
+        "save_checkpoint", PENDING, PENDING.replace("p.grad.ne(0).any()", "p.grad.abs().sum() > 0"),
+        save_checkpoint_refuses_pending_gradients),
+    mistake("cleanup_skips_system_exit", "except (Exception, KeyboardInterrupt): a SystemExit during torch.save "
+        "leaves the temporary file behind", "save_checkpoint", "    except BaseException:\n",
+        "    except (Exception, KeyboardInterrupt):\n", save_checkpoint_is_atomic),
+    mistake("drops_none_extras", "skips an extra whose value is None (upstream's rule): best_val_loss=None is lost",
+        "save_checkpoint", "for k, v in extra.items()})", "for k, v in extra.items() if v is not None})",
+        save_checkpoint_writes_full_state),
+    mistake("renames_with_os_rename", "os.rename instead of os.replace: on Windows every save after the first "
+        "raises FileExistsError", "save_checkpoint", "        os.replace(tmp_name, path)\n",
+        "        os.rename(tmp_name, path)\n", save_checkpoint_writes_next_to_the_target),
+    mistake("accepts_a_bool_step", "isinstance(step, int) lets step=True through as 1", "save_checkpoint",
+        "if not _is_int(step) or step < 0:", "if not isinstance(step, int) or step < 0:",
+        save_checkpoint_rejects_bad_counters),
+    mistake("accepts_a_bool_batch_size", "isinstance(batch_size, int) lets batch_size=True through as 1",
+        "SkipBatchSampler.__init__", "if not _is_int(batch_size) or batch_size < 1:",
+        "if not isinstance(batch_size, int) or batch_size < 1:", skip_batch_sampler_rejects_bad_arguments),
+    mistake("batch_size_checked_before_indices", "checks batch_size before indices: a generator with batch_size 0 "
+        "is blamed on batch_size", "SkipBatchSampler.__init__", "        if not isinstance(indices, Sized):\n",
+        '        if not _is_int(batch_size) or batch_size < 1:\n'
+        '            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")\n'
+        "        if not isinstance(indices, Sized):\n", skip_batch_sampler_rejects_bad_arguments),
+    mistake("yields_tuples", "yields the last batch as a tuple: the contract's batches are lists",
+        "SkipBatchSampler.__iter__", "        if batch:\n            yield batch\n",
+        "        if batch:\n            yield tuple(batch)\n", skip_batch_sampler_matches_upstream),
+    mistake("unreadable_file_narrow_except", "catches only RuntimeError and UnpicklingError from torch.load: an "
+        "empty file's EOFError escapes without the path", "load_checkpoint", "    except Exception as exc:\n",
+        "    except (RuntimeError, torch.serialization.pickle.UnpicklingError) as exc:\n",
+        load_checkpoint_rejects_unreadable_files),
+    mistake("directory_reported_missing", "path.is_file(): a directory at the path is reported as a missing file",
+        "load_checkpoint", "    if not path.exists():\n", "    if not path.is_file():\n",
+        load_checkpoint_rejects_unreadable_files),
+    mistake("world_size_validated_after_loading", "checks the world_size argument after load_state_dict: a refused "
+        "call has already overwritten the model", "load_checkpoint",
+        '    current = _world_size(world_size)  # the last refusal: it too comes before anything is loaded\n'
+        '    model.load_state_dict(checkpoint["model"])\n',
+        '    model.load_state_dict(checkpoint["model"])\n    current = _world_size(world_size)\n',
+        load_checkpoint_rejects_bad_counters),
+    mistake("accepts_a_bool_world_size", "isinstance(world_size, int) lets world_size=True through as 1",
+        "_world_size", "if not _is_int(world_size) or world_size < 1:",
+        "if not isinstance(world_size, int) or world_size < 1:", load_checkpoint_rejects_bad_counters),
+    mistake("scaler_restored_by_hand", "restores the scale and growth tracker only: the scaler keeps its own "
+        "growth_factor, backoff_factor and growth_interval", "load_checkpoint",
+        "        scaler.load_state_dict(scaler_state)\n",
+        '        scaler.load_state_dict(dict(scaler.state_dict(), scale=scaler_state["scale"], '
+        '_growth_tracker=scaler_state["_growth_tracker"]))\n', load_checkpoint_restores_the_whole_grad_scaler),
+    mistake("optimizer_state_compared_by_numel", "compares a moment's numel, not its shape: a transposed exp_avg "
+        "loads and the next step crashes", "_validate_optimizer_state", "value.shape != param.shape",
+        "value.numel() != param.numel()", load_checkpoint_rejects_foreign_checkpoints),
+    mistake("unknown_optimizer_ids_accepted", "ignores optimizer state under a parameter id no group holds",
+        "_validate_optimizer_state", "    if unknown:\n", "    if False:\n",
+        load_checkpoint_rejects_foreign_checkpoints),
+    mistake("model_entries_not_checked_as_tensors", "checks the shape of tensor entries only: a list in the model "
+        "entry fails later without the path", "_validate_model_state",
+        "if not torch.is_tensor(got) or got.shape != want.shape:", "if torch.is_tensor(got) and got.shape != "
+        "want.shape:", load_checkpoint_rejects_foreign_checkpoints),
+    mistake("config_compared_over_model_fields", "compares the model's config fields only: a saved config with an "
+        "extra field passes", "_validate_model_state",
+        "if saved_config is not None and config is not None and saved_config != config:",
+        "if saved_config is not None and config is not None and any(saved_config.get(k) != v for k, v in "
+        "config.items()):", load_checkpoint_rejects_another_config_with_the_same_shapes),
+    mistake("resume_position_edits_the_checkpoint", "moves an epoch-end checkpoint to the next epoch in the "
+        "caller's dict", "resume_position", "    return (epoch + 1, 0) if step == iters else (epoch, step)\n",
+        '    if step == iters:\n        checkpoint["epoch"], checkpoint["step"] = epoch + 1, 0\n'
+        '    return checkpoint["epoch"], checkpoint["step"]\n', resume_position_cases),
+    mistake("step_checked_before_iters", "checks the step against iters before iters itself: iters=0 is blamed "
+        "on the step", "resume_position", "    if not _is_int(iters) or iters < 1:\n",
+        '    if not 0 <= checkpoint["step"] <= iters:\n'
+        '        raise ValueError(f"checkpoint step must be in [0, iters={iters}], got {checkpoint[\'step\']}")\n'
+        "    if not _is_int(iters) or iters < 1:\n", resume_position_cases),
 ]
+
 
 EQUIVALENTS = [
     equivalent("loads_any_scaler_state", "calls scaler.load_state_dict even for an empty saved state: a disabled "
@@ -200,4 +290,8 @@ EQUIVALENTS = [
     equivalent("fixed_tmp_name", "upstream's fixed path + '.tmp' instead of a mkstemp name",
         "save_checkpoint", 'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)',
         'tmp_name = f"{path}.tmp"\n    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)'),
+    equivalent("requires_model_config", "refuses a file without model_config (upstream's) for that, before its "
+        "other problems: any one correct reason is enough", "load_checkpoint",
+        "missing = [k for k in REQUIRED_KEYS if k not in checkpoint]",
+        'missing = [k for k in (*REQUIRED_KEYS, "model_config") if k not in checkpoint]'),
 ]

@@ -11,16 +11,21 @@ from .checks import check_exact_resume, names_the_rule
 
 
 @check("resume_position")
-@names_the_rule('start_step is the number of micro-batches of the epoch already trained; only step == iters continues at (epoch + 1, 0); check iters (an int >= 1) before step (within [0, iters])')
+@names_the_rule('start_step is the number of micro-batches of the epoch already trained; only step == iters continues at (epoch + 1, 0); check iters (an int >= 1, not a bool) before step (within [0, iters]); the checkpoint dict is read, never changed')
 def resume_position_cases(impl):
     """Mid-epoch (also one micro-batch before the end) resumes where it stopped; an epoch-end checkpoint resumes
-    at the next epoch's start; a step outside [0, iters] or iters < 1 raises ValueError naming it."""
+    at the next epoch's start; a step outside [0, iters] or iters < 1 raises ValueError naming it (iters first
+    when both are bad); the checkpoint dict given is left unchanged."""
     for (epoch, step, iters), expected in [((0, 4, 6), (0, 4)), ((0, 5, 6), (0, 5)), ((0, 6, 6), (1, 0)),
                                            ((1, 0, 6), (1, 0)), ((2, 1, 3), (2, 1)), ((0, 1, 1), (1, 0)),
-                                           ((0, 0, 1), (0, 0)), ((3, 1, 2), (3, 1))]:
-        expect_equal(f"resume_position({{'epoch': {epoch}, 'step': {step}}}, iters={iters})",
-                     tuple(impl.resume_position({"epoch": epoch, "step": step}, iters)), expected)
-    for step, iters, bad in ((7, 6, "step"), (-1, 6, "step"), (0, 0, "iters"), (2, 1.0, "iters")):
+                                           ((0, 0, 1), (0, 0)), ((3, 1, 2), (3, 1)), ((2, 3, 3), (3, 0))]:
+        where = f"resume_position({{'epoch': {epoch}, 'step': {step}}}, iters={iters})"
+        given = {"epoch": epoch, "step": step, "world_size": 1}
+        checkpoint = dict(given)
+        expect_equal(where, tuple(impl.resume_position(checkpoint, iters)), expected)
+        expect_equal(f"the checkpoint dict after {where}", checkpoint, given)
+    for step, iters, bad in ((7, 6, "step"), (-1, 6, "step"), (0, 0, "iters"), (2, 1.0, "iters"),
+                             (1, True, "iters"), (7, 0, "iters"), (-1, -3, "iters")):
         expect_raises(f"resume_position({{'epoch': 0, 'step': {step}}}, iters={iters!r})",
                       lambda: impl.resume_position({"epoch": 0, "step": step}, iters), ValueError, bad,
                       ("iters", "step"))
