@@ -130,8 +130,9 @@ class TrainingSession:
       again, and the next update starts clean, whatever its K, lr, clipping or N. Loss totals hold detached
       tensors (no micro-step's graph kept alive), and the session never writes into a tensor ``step_fn``
       returned (its values stay as returned).
-    * On a micro-step that does not close the update, no tensor is converted to the host (no ``.item()``,
-      ``float(t)``, ``int(t)``, ``bool(t)`` / an ``if`` on a tensor, ``.tolist()``).
+    * On a micro-step that does not close the update, no tensor is converted or copied to the host (no
+      ``.item()``, ``float(t)``, ``int(t)``, ``bool(t)`` / an ``if`` on a tensor, ``.tolist()``, ``.cpu()``,
+      ``.numpy()``).
     * Under DDP (the model has ``no_sync``): the forward and backward of every micro-step that does not close
       the update run inside ``model.no_sync()``; the closing one outside it (one gradient all-reduce).
     * Errors: any exception inside ``train_step`` (in ``step_fn``, in backward, in a hook, anywhere; a

@@ -22,7 +22,8 @@ from .session_updates import UPDATE_CUTS
 
 @check("TrainingSession", hidden=True)
 def session_keeps_loss_sums_on_device(impl):
-    """No tensor -> host conversion (.item(), float(), bool(), .tolist()) on micro-steps inside an update."""
+    """No tensor -> host conversion or copy (.item(), float(), bool(), .tolist(), .cpu(), .numpy()) on micro-steps
+    inside an update."""
     session = new_session(impl, 4)
     batches = masked_micro_batches()
     units = sum(b.loss_units for b in batches)
@@ -30,9 +31,9 @@ def session_keeps_loss_sums_on_device(impl):
     with count_host_syncs(calls):
         for batch in batches[:3]:
             session.train_step(batch, TrainingStepOptions(normalization_units=units), token_weighted_step)
-    with rule("no tensor -> host conversion (.item(), float(t), int(t), bool(t) / an if on a "
-              "tensor, .tolist()) on a micro-step that does not close the update: loss totals stay "
-              "device tensors"):
+    with rule("no tensor -> host conversion or copy (.item(), float(t), int(t), bool(t) / an if on a "
+              "tensor, .tolist(), .cpu(), .numpy()) on a micro-step that does not close the update: loss "
+              "totals stay device tensors"):
         expect_equal("host syncs during 3 non-final micro-steps", calls, [])
 
 
