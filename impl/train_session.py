@@ -152,12 +152,13 @@ class TrainingSession:
       holding a tensor that is not one of ``model.parameters()`` (by identity: built on a copy) ->
       ``ValueError`` naming ``optimizer``.
     * ``train_step``: ``options.normalization_units`` < 1, or different from the value the pending update
-      started with -> ``ValueError`` naming ``normalization_units`` (1 is allowed); ``step_fn`` returning
-      anything but a ``TrainingStepOutput`` -> ``TypeError`` naming ``TrainingStepOutput``;
-      ``gradient_units`` < 0 -> ``ValueError`` naming ``gradient_units``. A rejected
-      ``normalization_units`` changes no lr (it is checked before ``options.lr`` is written). These are errors
-      inside ``train_step``: like any error, a rejected ``normalization_units`` or step_fn output invalidates
-      the accumulation (``AccumulationInvalidError`` until ``reset_accumulation()``).
+      started with -> ``ValueError`` naming ``normalization_units`` (1 is allowed); ``options.lr`` or
+      ``options.clip_grad_norm`` below 0 or NaN -> ``ValueError`` naming it (0.0 is valid for both);
+      ``step_fn`` returning anything but a ``TrainingStepOutput`` -> ``TypeError`` naming
+      ``TrainingStepOutput``; ``gradient_units`` < 0 -> ``ValueError`` naming ``gradient_units``. A rejected
+      option changes no lr (the options are checked before ``options.lr`` is written). These are errors
+      inside ``train_step``: like any error, a rejected option or step_fn output invalidates the
+      accumulation (``AccumulationInvalidError`` until ``reset_accumulation()``).
     * ``load_state``: the saved state's or the session's ``microsteps_accumulated`` not 0 -> ``ValueError``
       naming ``microsteps_accumulated``, nothing changed.
     """

@@ -131,6 +131,10 @@ class TrainingSession:
         if self.microsteps_accumulated and options.normalization_units != self._normalization_units:
             raise ValueError(f"normalization_units changed inside an update: {self._normalization_units} -> "
                              f"{options.normalization_units}")
+        if options.lr is not None and not options.lr >= 0:   # NaN fails too
+            raise ValueError(f"lr must be >= 0 (None keeps the current lr), got {options.lr}")
+        if not options.clip_grad_norm >= 0:
+            raise ValueError(f"clip_grad_norm must be >= 0 (0: no clipping), got {options.clip_grad_norm}")
         self._normalization_units = options.normalization_units
         if options.lr is not None:
             for group in self.optimizer.param_groups:

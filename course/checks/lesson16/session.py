@@ -177,6 +177,29 @@ def session_rejects_zero_normalization_units(impl):
 
 
 @check("TrainingSession", hidden=True)
+def session_rejects_a_negative_lr_or_clip(impl):
+    """options.lr or options.clip_grad_norm below 0 (or NaN) is a ValueError naming the option, raised before
+    anything changes: no parameter, lr or counter (0.0 is valid for both: no step size, no clipping)."""
+    session = new_session(impl, 1, two_param_groups=True)
+    before = params_of(session.model)
+    batch = masked_micro_batches()[0]
+    nan = float("nan")
+    for name, value in (("lr", -1e-3), ("lr", nan), ("clip_grad_norm", -1.0), ("clip_grad_norm", nan)):
+        options = replace(TrainingStepOptions(lr=0.5, normalization_units=batch.loss_units, force_update=True),
+                          **{name: value})
+        with rule(f"{name} must be >= 0: a negative or NaN {name} is a ValueError naming {name}, raised before "
+                  "anything changes (a negative clip would flip the gradients)"):
+            expect_raises(f"train_step(..., {name}={value})",
+                          lambda: session.train_step(batch, options, token_weighted_step), ValueError, name)
+        session.reset_accumulation()
+    expect_tensors_close("parameters after rejected calls", params_of(session.model), before, rtol=0.0, atol=0.0)
+    expect_equal("optimizer_step after rejected calls", session.optimizer_step, 0)
+    with rule("a rejected call changes nothing: validate lr and clip_grad_norm before writing options.lr"):
+        expect_equal("lrs of the 2 param groups after rejected calls with options.lr=0.5",
+                     [g["lr"] for g in session.optimizer.param_groups], [0.1, 0.05])
+
+
+@check("TrainingSession", hidden=True)
 def session_rejects_a_bad_step_output(impl):
     """step_fn must return a TrainingStepOutput (else TypeError naming it) with gradient_units >= 0 (else
     ValueError naming gradient_units); 0 is a micro-batch without valid targets, accepted. A rejected output
