@@ -215,6 +215,20 @@ def expect_close(what: str, actual: float, expected: float, *, rtol: float, atol
         fail(what, actual, expected, f"|diff| = {diff:.3e} > tolerance (rtol={rtol:g}, atol={atol:g})")
 
 
+def same_value(a, b) -> bool:
+    """Bit-identical values: tensors of the same dtype, shape and device with equal elements, dicts with the same
+    keys, lists and tuples of the same type and length, item by item; anything else of the same type and equal."""
+    import torch
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and a.shape == b.shape and a.device == b.device and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
 def expect_tensor_close(what: str, actual, expected, *, rtol: float, atol: float) -> None:
     """Tensor comparison that reports the worst element: its index, both values, the diff."""
     import torch

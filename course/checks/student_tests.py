@@ -22,7 +22,7 @@ import torch
 import torch.testing._comparison as comparison
 
 from .catalogue import Mistake, mistake
-from .framework import fail
+from .framework import fail, same_value
 from .wrong_gradients import edited_gradients, malformed_results, one_gradient_off, why_let_through
 
 MESSAGE_CHARS = 600   # of the student's own assertion message, quoted in a failure
@@ -54,7 +54,7 @@ class Replayed:
 
     def __call__(self, model, micro_batches, *args) -> None:
         inputs = _replayable_inputs(model, micro_batches, args)
-        if inputs is not None and self._first is not None and _same(inputs, self._first[0]):
+        if inputs is not None and self._first is not None and same_value(inputs, self._first[0]):
             for param, grad in zip(model.parameters(), self._first[1]):
                 param.grad = None if grad is None else grad.clone()
             torch.set_rng_state(self._first[2])
@@ -75,15 +75,6 @@ def _replayable_inputs(model, micro_batches, args):
     config = repr(sorted(vars(model.config).items())) if hasattr(model, "config") else None
     batches = [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in batch) for batch in micro_batches]
     return (type(model), config, [m.training for m in modules], state, batches, args, torch.get_rng_state())
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and a.device == b.device and torch.equal(a, b))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
 
 
 def _short(exc: BaseException) -> str:

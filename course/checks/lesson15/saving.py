@@ -13,7 +13,7 @@ import torch
 from course.runs import full_epoch_batches, save_objects
 from course.runs.scenarios import RESUME_BASE, RESUME_SCALER
 
-from ..framework import check, expect_equal, expect_raises, expect_tensor_close, fail
+from ..framework import check, expect_equal, expect_raises, expect_tensor_close, fail, same_value
 from .checks import CompiledWrapper, expect_works, fake_ddp, fake_rank, good_checkpoint, names_the_rule, trained
 
 
@@ -314,16 +314,6 @@ def expect_same_inputs(where: str, after: dict, before: dict) -> None:
             fail(f"{what} after {where}: entries changed (first 5)", changed[:5], [],
                  "hint: a save only reads what it is given: no model.eval()/train(), no zero_grad, no "
                  "requires_grad change, no edit of the states or the extras")
-
-
-def same_value(a, b) -> bool:
-    if torch.is_tensor(a) or torch.is_tensor(b):
-        return torch.is_tensor(a) and torch.is_tensor(b) and a.shape == b.shape and bool(torch.equal(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 @check("save_checkpoint", hidden=True)
