@@ -80,13 +80,12 @@ class OneGradientOff(GradientEdit):
     def explain(self, student_test: Callable) -> str:
         """Why ``student_test`` let this through: run again with the same gradient negated (an error of 200 %),
         it either still passes (the test does not compare this gradient) or fails (the tolerance hides 1 %)."""
-        negated = GradientEdit(self.name, self._accumulate,
-                               lambda large: _negate_all(large[self.index:self.index + 1]), "", "")
+        def this_tensor(edit):
+            return _probe(self._accumulate, lambda large: edit(large[self.index:self.index + 1]))
         try:
-            student_test(negated.accumulate)
+            student_test(this_tensor(_negate_all))
         except AssertionError:
-            if _passes(student_test, GradientEdit(self.name, self._accumulate, lambda large: _negate_one_element(
-                    large[self.index:self.index + 1]), "", "").accumulate):
+            if _passes(student_test, this_tensor(_negate_one_element)):
                 return ("your test compares this gradient, but not every element of it (it passes with one element "
                         f"negated): {ELEMENT_WISE}, every element")
             if self.size * ONE_TENSOR_ERROR >= DEFAULT_FLOAT32_ATOL:
@@ -264,6 +263,12 @@ SCALE_BLIND = ("your test passes every gradient made 1.5 times too large: it com
                "normalised gradients), or its tolerance is far too loose; compare the gradients themselves")
 
 
+def _probe(accumulate: Callable, edit: Callable) -> Callable:
+    """``accumulate``, then ``edit`` of its large gradients: a one-off wrong implementation that asks the student's
+    test why it let another one through."""
+    return GradientEdit("probe", accumulate, edit, "", "").accumulate
+
+
 def _passes(student_test: Callable, accumulate: Callable) -> bool:
     try:
         student_test(accumulate)
@@ -274,8 +279,8 @@ def _passes(student_test: Callable, accumulate: Callable) -> bool:
 
 def passes_everything(student_test: Callable, accumulate: Callable) -> bool:
     """Whether ``student_test`` also passes every gradient negated and one gradient 1 % off."""
-    return all(_passes(student_test, probe.accumulate) for probe in (
-        GradientEdit("probe", accumulate, _negate_all, "", ""), OneGradientOff(accumulate, 0)))
+    return all(_passes(student_test, probe) for probe in (_probe(accumulate, _negate_all),
+                                                          OneGradientOff(accumulate, 0).accumulate))
 
 
 def _scale_all(large):
@@ -289,6 +294,6 @@ def why_let_through(student_test: Callable, accumulate: Callable, implementation
     blind to the gradients' size, or what the implementation itself explains."""
     if passes_everything(student_test, accumulate):
         return PASSES_EVERYTHING
-    if _passes(student_test, GradientEdit("probe", accumulate, _scale_all, "", "").accumulate):
+    if _passes(student_test, _probe(accumulate, _scale_all)):
         return SCALE_BLIND
     return implementation.explain(student_test)
