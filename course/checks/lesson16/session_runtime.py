@@ -20,6 +20,18 @@ from .session import gradient_norm
 from .session_updates import UPDATE_CUTS
 
 
+@contextlib.contextmanager
+def overflowing(session, poisoned: bool = True):
+    """Inside the block (if ``poisoned``) every backward puts an inf into the final norm's gradient: an update the
+    GradScaler must skip."""
+    hook = session.model.model.norm.weight.register_hook(lambda grad: grad + float("inf")) if poisoned else None
+    try:
+        yield
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
 @check("TrainingSession", hidden=True)
 def session_keeps_loss_sums_on_device(impl):
     """No tensor -> host conversion or copy (.item(), float(), bool(), .tolist(), .cpu(), .numpy()) on micro-steps
@@ -80,9 +92,8 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
         expect_close("grad_norm with an enabled GradScaler (unscale before clip)",
                      report.grad_norm and float(report.grad_norm), want, rtol=1e-5)
     before = params_of(session.model)
-    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
-    report = run_update(session, batches, clip=0.01)[-1]
-    hook.remove()
+    with overflowing(session):
+        report = run_update(session, batches, clip=0.01)[-1]
     with rule("an update the GradScaler skips (inf/NaN) reports overflow_skipped=True, "
               "parameters_updated=False, and optimizer_step does not advance; the scaler is updated "
               "once per update (its scale backs off)"):
@@ -101,9 +112,8 @@ def session_skipped_update_calls_no_after_update(impl):
     """An update the GradScaler skips (inf gradient) does not run after_update; the next one does, once."""
     calls = []
     session = new_session(impl, 4, scaler=torch.amp.GradScaler("cpu", init_scale=2.0 ** 10))
-    hook = session.model.model.norm.weight.register_hook(lambda g: g + float("inf"))
-    skipped = run_update(session, masked_micro_batches(), after_update=lambda: calls.append("skipped update"))[-1]
-    hook.remove()
+    with overflowing(session):
+        skipped = run_update(session, masked_micro_batches(), after_update=lambda: calls.append("skipped update"))[-1]
     run_update(session, masked_micro_batches(), after_update=lambda: calls.append("next update"))
     expect_equal("overflow_skipped of the update with an inf gradient", skipped.overflow_skipped, True)
     if calls != ["next update"]:
@@ -143,12 +153,10 @@ def session_skip_detection_follows_any_scaler_factors(impl):
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_factor=growth, backoff_factor=backoff,
                                       growth_interval=1)
         session = new_session(impl, 1, scaler=scaler)
-        seen, norm_weight = [], session.model.model.norm.weight
+        seen = []
         for poisoned in (False, True, False):
-            hook = norm_weight.register_hook(lambda g: g + float("inf")) if poisoned else None
-            report = run_update(session, batch)[-1]
-            if hook is not None:
-                hook.remove()
+            with overflowing(session, poisoned):
+                report = run_update(session, batch)[-1]
             seen.append((report.parameters_updated, report.overflow_skipped, scaler.get_scale()))
         scales = (2.0 ** 8 * growth, 2.0 ** 8 * growth * backoff, 2.0 ** 8 * growth * backoff * growth)
         with rule("a skip is a scale the GradScaler LOWERED (new < old), whatever its backoff_factor; a scale "
