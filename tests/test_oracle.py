@@ -4,6 +4,9 @@ both run the very same ops in the same order)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from course.implementations import load_implementation
 from course.minimind import (ByteTokenizer, MiniMindConfig, MiniMindForCausalLM, PretrainDataset, TINY_CORPUS,
                              get_lr, read_jsonl_texts, setup_seed)
 from course.runs import compute_oracle, run_impl, run_oracle
+from course.runs.kernels import available_families
 from course.runs.loop import oracle_cache_path, oracle_run_at
 from course.runs.scenarios import LOOP_AMP_SCENARIOS, LOOP_FP32_SCENARIOS
 
@@ -259,6 +263,42 @@ def test_oracle_runs_are_cached_on_disk_bitwise(tmp_path, monkeypatch):
     assert not stale.exists(), "writing an entry removes the entries of other code versions"
     monkeypatch.setenv("MINIMIND_COURSE_CACHE", "off")
     assert oracle_cache_path(scenario) is None
+
+
+# Run in a process of its own (the kernel family is fixed when torch loads): the oracle run of the scenario
+# through the disk cache, and a fresh one, saved with the entry's path.
+CACHE_UNDER_A_FAMILY = """
+import sys, torch
+from course.runs import compute_oracle
+from course.runs.loop import oracle_cache_path, run_oracle
+from course.runs.scenarios import LOOP_FP32_SCENARIOS
+scenario = LOOP_FP32_SCENARIOS[0].with_(name="kernel family cache test", epochs=1)
+torch.save({"cached": run_oracle(scenario).params, "fresh": compute_oracle(scenario).params,
+            "path": str(oracle_cache_path(scenario))}, sys.argv[1])
+"""
+
+
+def test_an_entry_filled_under_one_kernel_family_is_not_read_under_another(tmp_path):
+    """The cache filled by a process on this CPU's own kernels (avx2 here) and then read by one on the default
+    kernels (ATEN_CPU_CAPABILITY=default, the rounding of a CPU without AVX2): the second must get its own
+    entry, equal bit for bit to its own fresh run, not the first one's bits."""
+    families = available_families()
+    if len(families) < 2:
+        pytest.skip(f"this CPU runs one kernel family only ({families[0]})")
+    runs = {}
+    for family in (families[-1], families[0]):
+        env = dict(os.environ, ATEN_CPU_CAPABILITY=family, MINIMIND_COURSE_CACHE=str(tmp_path / "cache"),
+                   OMP_NUM_THREADS="1")
+        out = tmp_path / f"{family}.pt"
+        proc = subprocess.run([sys.executable, "-c", CACHE_UNDER_A_FAMILY, str(out)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[family] = torch.load(out, weights_only=True)
+    filled, read = runs[families[-1]], runs[families[0]]
+    assert filled["path"] != read["path"], f"one cache entry for {families[-1]} and {families[0]}: {read['path']}"
+    stale = [n for n, p in read["cached"].items() if not torch.equal(p, read["fresh"][n])]
+    assert not stale, (f"under {families[0]} the cached run differs from a fresh one in {stale[:3]}: "
+                       f"ACTUAL the bits of another family's run, EXPECTED its own")
 
 
 def test_the_in_process_memo_follows_the_thread_count():

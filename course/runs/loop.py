@@ -31,6 +31,7 @@ from course.minimind import (TINY_CORPUS, TINY_HIDDEN_SIZE, TINY_NUM_HIDDEN_LAYE
 from course.minimind.train_pretrain import train_epoch as oracle_train_epoch
 
 from .eager import eager
+from .kernels import kernel_family
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,8 @@ def compute_oracle(scenario: LoopScenario) -> RunResult:
     return run_result(objects, records)
 
 
-# Everything an oracle run's bits depend on besides the scenario: the code, the data, torch and the
-# CPU thread count (kernels split reductions by thread).
+# Everything an oracle run's bits depend on besides the scenario: the code, the data, torch, the CPU kernel
+# family and the thread count (each splits reductions its own way).
 ORACLE_INPUTS = (sorted((Path(__file__).parents[1] / "minimind").glob("*.py"))
                  + [Path(__file__), Path(__file__).with_name("eager.py"), TINY_CORPUS])
 
@@ -250,12 +251,15 @@ def oracle_cache_path(scenario: LoopScenario) -> Optional[Path]:
     """Where ``run_oracle`` keeps ``scenario``'s CPU run between processes, or None (no disk cache).
 
     ``MINIMIND_COURSE_CACHE`` names the folder (default ``~/.cache/minimind-course``); ``off`` disables it.
-    Entries live in a subfolder named after the code, data and torch version that computed them.
+    Entries live in a subfolder named after the code, data and torch version that computed them, and are
+    named after the scenario, the CPU kernel family and the thread count in use: a run read back under another
+    family or count would differ from a fresh one in its last bits (course/runs/kernels.py).
     """
     folder = os.environ.get("MINIMIND_COURSE_CACHE", str(Path.home() / ".cache" / "minimind-course"))
     if folder == "off" or torch.device(scenario.device).type != "cpu":
         return None
-    entry = hashlib.sha256(f"{scenario!r} threads {torch.get_num_threads()}".encode()).hexdigest()[:24]
+    key = f"{scenario!r} threads {torch.get_num_threads()} kernels {kernel_family()}"
+    entry = hashlib.sha256(key.encode()).hexdigest()[:24]
     return Path(folder) / f"oracle-{_inputs_digest()}" / f"{entry}.pt"
 
 
@@ -299,7 +303,8 @@ def run_oracle(scenario: LoopScenario) -> RunResult:
     """``compute_oracle``, cached in memory and on disk: graders run the same scenarios again and again.
 
     Both caches are keyed by the thread count in use (CPU results depend on it, and a process may change it
-    between two runs). A file that cannot be read is recomputed; a cache folder that cannot be written is skipped.
+    between two runs); the disk entry also by the CPU kernel family (fixed for a process). A file that cannot be
+    read is recomputed; a cache folder that cannot be written is skipped.
     """
     return oracle_run_at(scenario, torch.get_num_threads())
 
