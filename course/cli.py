@@ -33,6 +33,7 @@ from .checks.mutants import analyse, score_line, status_of
 from .checks.parallel import MAX_JOBS, default_jobs
 from .checks.results import SKIP, describe, grade_exercises
 from .implementations import REPO_ROOT
+from .runs.kernels import available_families
 from .runs.threads import positive_integer
 from .scaffold import new_lesson
 
@@ -277,6 +278,12 @@ def cmd_new_lesson(args) -> int:
     return 0
 
 
+def cmd_kernels(args) -> int:
+    families = available_families()
+    print("\n".join(families[:-1] if args.others else families))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -324,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("lesson", nargs="*", help=f"lesson ids {sorted(LESSONS)} (default: every notebook)")
     release.add_argument("--course-dir", default=None, help="nbgrader course directory (default: notebooks/)")
     release.set_defaults(func=cmd_release)
+    kernels = sub.add_parser("kernels", help="list the CPU kernel families torch runs here (ATEN_CPU_CAPABILITY), "
+                                             "this CPU's own last")
+    kernels.add_argument("--others", action="store_true", help="only the families other than this CPU's own")
+    kernels.set_defaults(func=cmd_kernels)
     new = sub.add_parser("new-lesson", help="write the skeleton of every file a new lesson needs")
     new.add_argument("lesson", help="lesson number, e.g. 17")
     new.add_argument("slug", help="snake_case topic, e.g. lr_warmup: files are named <lesson>_<slug>")

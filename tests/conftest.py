@@ -112,10 +112,22 @@ def _rank(group: str) -> int:
             else 3 if group in SLOW_MODULES else 4)
 
 
+# The modules whose tests compare numbers with a doc, with numbers recorded on another machine, or with a run
+# in another process (the oracle cache, a resume, DDP ranks): the results that can differ from one CPU kernel
+# family or thread count to another. `-m cpu_matrix` selects them; .ci/run runs them again under each of the
+# CPU's other kernel families and with two threads.
+CPU_MATRIX_MODULES = ("test_docs_commands.py", "test_stage_assembly.py", "test_lesson14_predictions.py",
+                      "test_lesson15_predictions.py", "test_lesson16_predictions.py", "test_oracle.py",
+                      "test_upstream_fixture.py", "test_lesson15_checkpoint.py", "test_stage_assembly_ddp.py",
+                      "test_lesson16_train_session.py", "test_lesson_checks.py")
+
+
 @pytest.hookimpl(wrapper=True)   # around xdist's own hook, which reads the xdist_group marks (tryfirst alone
 def pytest_collection_modifyitems(config, items):   # ran after it under pytest 9.2)
     groups = _groups(items)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+        if item.path.name in CPU_MATRIX_MODULES:
+            item.add_marker(pytest.mark.cpu_matrix)
     items.sort(key=lambda item: _rank(groups[item.nodeid]))
     return (yield)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from course.checks import get_lesson
+from course.doc_outputs import mismatches
 from course.implementations import REPO_ROOT, load_module
 
 
@@ -44,9 +45,11 @@ def printed_output(lesson: Path, command: str) -> str:
 
 
 def assert_shows_the_printout(lesson: Path, command: str, printout: str, section: str) -> None:
+    """Every line the lab prints is shown, its numbers within course/doc_outputs.py's tolerances."""
     shown = printed_output(lesson, command)
-    assert shown == printout, (f"{lesson.relative_to(REPO_ROOT)} {section} is stale\n  ACTUAL (lab):\n{printout}\n"
-                               f"  EXPECTED (lesson):\n{shown}")
+    problems = mismatches(shown.splitlines(), printout, complete=True)
+    assert not problems, (f"{lesson.relative_to(REPO_ROOT)} {section} is stale:\n" + "\n".join(problems)
+                          + f"\n  ACTUAL (lab):\n{printout}\n  EXPECTED (lesson):\n{shown}")
 
 
 def text_id(lesson: Path) -> str:

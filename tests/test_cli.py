@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -180,3 +181,19 @@ def test_python_m_course_exits_early_with_all_its_output():
     assert proc.returncode == 0, f"ACTUAL exit {proc.returncode}, EXPECTED 0\n{proc.stderr}"
     report = json.loads(proc.stdout)   # a truncated report does not parse
     assert [e["exercise"] for e in report["exercises"]] == ["cosine_lr"], report
+
+
+def test_kernels_lists_the_cpus_families_its_own_last():
+    """``python -m course kernels``: default first, the family torch picks here last (what .ci/run's matrix
+    reads); --others all but that one; the same list from a process forced onto the default kernels."""
+    from course.runs.kernels import kernel_family
+    listed = course_cli("kernels")
+    assert listed.returncode == 0 and listed.stdout.split()[0] == "default", listed
+    if "ATEN_CPU_CAPABILITY" not in os.environ:
+        assert listed.stdout.split()[-1] == kernel_family(), f"ACTUAL {listed.stdout!r}, EXPECTED {kernel_family()} last"
+    assert course_cli("kernels", "--others").stdout.split() == listed.stdout.split()[:-1]
+    forced = subprocess.run([sys.executable, "-m", "course", "kernels"], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, ATEN_CPU_CAPABILITY="default"))
+    assert forced.stdout == listed.stdout and not forced.stderr, (
+        f"under ATEN_CPU_CAPABILITY=default\n  ACTUAL {forced.stdout!r} {forced.stderr[-500:]}\n  "
+        f"EXPECTED {listed.stdout!r}")

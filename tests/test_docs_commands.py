@@ -6,7 +6,7 @@ exits 1); otherwise it must exit 0. The install and test commands are what CI it
 here they are checked to appear verbatim in .ci/run instead of being run recursively.
 Each Chinese lesson must carry exactly the commands of its English twin.
 A command's output shown in a doc (``<!-- output of: COMMAND -->`` before a ```text block) is compared with
-the real one, numbers within the tolerances of tests/doc_runs.py.
+the real one, numbers within the tolerances of course/doc_outputs.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import re
 from pathlib import Path
 
 import pytest
-from doc_runs import compare_shown, run_documented, shown_outputs
+from doc_runs import compare_shown, run_documented
+
+from course.doc_outputs import shown_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "course" / "lessons"

@@ -126,7 +126,7 @@ def test_report_card_holds_config_losses_figure_and_samples(short_run):
     train, val = dict(short_run.metrics["train_loss"]), dict(short_run.metrics["val_loss"])
     rows = [f"| 0 |  | {val[0]:.4f} |"] + [f"| {u} | {train[u]:.4f} | {val[u]:.4f} |" for u in (4, 8)]
     missing = [row for row in rows + ["![train and validation loss](pretrain_32_loss.png)",
-                                      "| model | hidden size 32, 1 layers"] if row not in report]
+                                      "| model | hidden size 32, 1 layer,"] if row not in report]
     assert not missing, f"report lacks\n  ACTUAL: {missing}\n  EXPECTED: none missing; report:\n{report}"
     for update, text in short_run.metrics["samples"] + short_run.metrics["drawn_samples"]:
         assert f"`{text}`" in report, (update, text, report)

@@ -5,12 +5,11 @@ its sums differently, so a float result can differ in its last bits from one fam
 from one student's CPU to another's. Setting ``ATEN_CPU_CAPABILITY`` to a lower family shows, on one machine,
 the rounding of CPUs that lack the higher ones (a family the CPU lacks kills the process: illegal instruction).
 
-    python -m course.runs.kernels            # every family this CPU runs, its own (the fastest) last
-    python -m course.runs.kernels --others   # the families below its own: what .ci/run tests again
+    python -m course kernels            # every family this CPU runs, its own (the fastest) last
+    python -m course kernels --others   # the families below its own: what .ci/run tests again
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -30,8 +29,9 @@ def native_family() -> str:
     if "ATEN_CPU_CAPABILITY" not in os.environ:
         return kernel_family()
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    return subprocess.run([sys.executable, "-c", f"from {__name__} import kernel_family; print(kernel_family())"],
-                          env=env, capture_output=True, text=True, check=True).stdout.strip()
+    probe = "from course.runs.kernels import kernel_family; print(kernel_family())"
+    return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def available_families() -> tuple[str, ...]:
@@ -41,15 +41,3 @@ def available_families() -> tuple[str, ...]:
     if native in X86_FAMILIES:
         return X86_FAMILIES[:X86_FAMILIES.index(native) + 1]
     return ("default", native) if native != "default" else ("default",)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--others", action="store_true", help="only the families other than this CPU's own")
-    families = available_families()
-    print("\n".join(families[:-1] if parser.parse_args(argv).others else families))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
