@@ -4,17 +4,17 @@
     python -m course check 14 --impl reference    # the reference solutions
     python -m course check 14 --impl-dir DIR      # a submission laid out like impl/
     python -m course check 14 --json              # machine-readable
-    python -m course check 14 --all               # also grade the optional extensions (never in the exit code)
+    python -m course check 14 --all               # also the hardening tiers and extensions (never in the exit code)
     python -m course check 14 --only cosine_lr    # only these exercises (repeat it, or a comma list)
     python -m course hint 14 cosine_lr            # the next hint for one exercise (remembered locally)
     python -m course align 14                     # the lesson's alignment report for your impl/
-    python -m course mistakes 14                  # the typical mistakes the checks catch
     python -m course mutants 14                   # automatic mutants of the reference the checks miss
     python -m course mistakes 14                  # the typical mistakes the checks catch, and what each edits
     python -m course mistakes 14 --verify         # every catalogue entry's edit still applies to the reference
     python -m course syllabus                     # the README's syllabus table, from the descriptors
     python -m course release                      # regenerate every notebook's nbgrader source and release
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
+    python -m course kernels                      # the CPU kernel families torch runs on this machine
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Optional
 from .checks import LESSONS, get_lesson, hints
 from .checks.assignments import NOTEBOOKS_DIR, release_all
 from .checks.catalogue import verify
-from .checks.framework import PASS, TODO
+from .checks.framework import CORE, HARDENING, OPTIONAL, PASS, TODO
 from .checks.mutants import analyse, score_line, status_of
 from .checks.parallel import MAX_JOBS, default_jobs
 from .checks.results import SKIP, describe, grade_exercises
@@ -42,9 +42,9 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
                  only: Optional[list[str]] = None, jobs: int = 1) -> dict:
     """Grade one implementation; the dict is what ``--json`` prints and the table shows.
 
-    ``passed`` / ``total`` count the graded core exercises only (they decide the exit code); optional
-    extensions are graded only with ``include_optional`` or when ``only`` names them, and summed apart
-    under ``optional``."""
+    ``passed`` / ``total`` count the core exercises only (they decide the exit code); the hardening tiers
+    and the optional extensions are graded only with ``include_optional`` (an extension also when ``only``
+    names it), and summed apart under ``hardening`` and ``optional``."""
     lesson = get_lesson(lesson_id)
     try:
         module = lesson.load(impl, impl_dir)
@@ -56,22 +56,33 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
                 "total": len([e for e in lesson.core_exercises if not only or e.name in only])}
     exercises = []
     for result in grade_exercises(lesson, module, only, include_optional, jobs=jobs):
-        problem = result.first_problem
-        message = (f"optional: python -m course check {lesson_id} --all grades it" if result.status == SKIP
-                   else describe(problem) if problem else "")
-        exercises.append({
-            "exercise": result.exercise.name, "status": result.status, "section": result.exercise.section,
-            "optional": result.exercise.optional, "message": message,
-            "checks": [{"check": r.check, "status": r.status, "seconds": round(r.seconds, 3),
-                        "message": r.message} for r in result.checks],
-        })
-    core = [e for e in exercises if not e["optional"]]
-    optional = [e for e in exercises if e["optional"]]
+        row = _result_row(lesson_id, result)
+        if result.tier == HARDENING:   # reported inside its exercise's core row
+            exercises[-1]["hardening"] = row
+        else:
+            exercises.append({"exercise": result.exercise.name, "section": result.exercise.section,
+                              "tier": result.tier, "optional": result.tier == OPTIONAL, **row})
+    core = [e for e in exercises if e["tier"] == CORE]
     return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only, "exercises": exercises,
             "hints_used": hints.used(lesson_id),
             "passed": sum(e["status"] == PASS for e in core), "total": len(core),
-            "optional": {"graded": all(e["status"] != SKIP for e in optional),
-                         "passed": sum(e["status"] == PASS for e in optional), "total": len(optional)}}
+            HARDENING: _tier_summary([e["hardening"] for e in core if "hardening" in e]),
+            OPTIONAL: _tier_summary([e for e in exercises if e["tier"] == OPTIONAL])}
+
+
+def _result_row(lesson_id: str, result) -> dict:
+    """Status, message (the first problem) and checks of one exercise's result in one tier."""
+    problem = result.first_problem
+    message = (f"{result.tier}: python -m course check {lesson_id} --all grades it" if result.status == SKIP
+               else describe(problem) if problem else "")
+    return {"status": result.status, "message": message,
+            "checks": [{"check": r.check, "status": r.status, "seconds": round(r.seconds, 3), "message": r.message}
+                       for r in result.checks]}
+
+
+def _tier_summary(rows: list[dict]) -> dict:
+    return {"graded": all(e["status"] != SKIP for e in rows), "passed": sum(e["status"] == PASS for e in rows),
+            "total": len(rows)}
 
 
 def _counts(rows: list[dict], passed: int, total: int) -> str:
@@ -87,24 +98,29 @@ def print_table(report: dict, lesson_text: str) -> None:
         return
     width = max(len(e["exercise"]) for e in report["exercises"])
     for e in report["exercises"]:
-        kind = "optional" if e["optional"] else "core"
-        print(f"  {e['exercise']:<{width}}  {e['status']:<4}  {kind:<8}  read {e['section']}")
-        if e["status"] not in (PASS, SKIP):
-            for line in e["message"].splitlines()[:8]:
-                print(f"      {line}")
+        rows = [(e["tier"], e)] + ([(HARDENING, e["hardening"])] if e.get("hardening", {}).get("status", SKIP) != SKIP
+                                   else [])   # an ungraded hardening tier is summed up below
+        for tier, row in rows:
+            print(f"  {e['exercise']:<{width}}  {row['status']:<4}  {tier:<9}  read {e['section']}")
+            if row["status"] not in (PASS, SKIP):
+                for line in row["message"].splitlines()[:8]:
+                    print(f"      {line}")
     if report["hints_used"]:
         count = len(hints.LEVELS)
         print("  hints used: " + ", ".join(f"{name} {level}/{count}" for name, level in report["hints_used"].items()))
-    core = [e for e in report["exercises"] if not e["optional"]]
+    core = [e for e in report["exercises"] if e["tier"] == CORE]
     print(f"  total: {_counts(core, report['passed'], report['total'])}"
           f"  (lesson text: {lesson_text})")
-    optional = report["optional"]
-    if optional["total"] and optional["graded"]:
-        rows = [e for e in report["exercises"] if e["optional"]]
-        print(f"  optional: {_counts(rows, optional['passed'], optional['total'])} (never in the exit code)")
-    elif optional["total"]:
-        print(f"  optional: {optional['total']} extensions not graded; "
-              f"python -m course check {report['lesson']} --all grades them (never in the exit code)")
+    for tier, what in ((HARDENING, "exercises' hardening checks (argument rules, conventions)"),
+                       (OPTIONAL, "extensions")):
+        summary = report[tier]
+        if summary["total"] and summary["graded"]:
+            rows = [e["hardening"] for e in report["exercises"] if "hardening" in e] if tier == HARDENING else \
+                [e for e in report["exercises"] if e["tier"] == tier]
+            print(f"  {tier}: {_counts(rows, summary['passed'], summary['total'])} (never in the exit code)")
+        elif summary["total"]:
+            print(f"  {tier}: {summary['total']} {what} not graded; "
+                  f"python -m course check {report['lesson']} --all grades them (never in the exit code)")
 
 
 def only_exercises(lesson_id: str, values: Optional[list[str]]) -> Optional[list[str]]:
@@ -212,8 +228,11 @@ def cmd_mutants(args) -> int:
     def report(result):
         state = status_of(result, equivalents)
         if state != "killed" or args.verbose:
-            where = result.killed_by or equivalents.get(result.mutant.key, "no check failed it")
-            print(f"{state.upper():<10} {result.mutant.key}  (line {result.mutant.line}: "
+            where = (f"{result.killed_by} ({result.killed_in})" if result.killed
+                     else equivalents.get(result.mutant.key) or
+                     (f"only {result.killed_by}, a hardening check, failed it" if result.killed_by
+                      else "no check failed it"))
+            print(f"{state.upper():<10} [{result.mutant.tier}] {result.mutant.key}  (line {result.mutant.line}: "
                   f"{result.mutant.original_line})\n           {where}", flush=True)
     try:
         results = analyse(lesson, args.function, report)
@@ -295,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--impl-dir", default=None, help="grade a directory laid out like impl/ instead")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.add_argument("--all", action="store_true",
-                       help="grade the optional extensions too (they never change the exit code)")
+                       help="grade the hardening tiers and the optional extensions too (never in the exit code)")
     check.add_argument("--only", action="append", metavar="EXERCISE",
                        help="grade only these exercises (repeat it or separate names by commas; an optional "
                             "exercise named here is graded, still never in the exit code)")

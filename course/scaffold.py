@@ -36,6 +36,11 @@ LESSON = Lesson(
     exercises=[
         Exercise("first_exercise", "{id} §1.1", points=1, hidden_points=1),
     ],
+    # what the lesson teaches, one line each: every core check grades one (argument rules and conventions are
+    # checks without an objective, the hardening tier: graded by check --all, 0 points)
+    objectives={{
+        "first_objective": "{todo}: the behaviour the lesson teaches, in one line",
+    }},
     checks=checks_in(checks),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
@@ -52,7 +57,7 @@ from __future__ import annotations
 from ..framework import check
 
 
-@check("first_exercise")
+@check("first_exercise", objective="first_objective")
 def first_exercise_matches_the_oracle(impl):
     """{todo}: what this check proves, in one sentence (it is the grade cell's comment too)."""
     # {todo}: call impl.first_exercise on cases whose answers come from the oracle (course/minimind/)
@@ -60,9 +65,9 @@ def first_exercise_matches_the_oracle(impl):
     raise NotImplementedError("{todo}: write the check")
 
 
-@check("first_exercise", hidden=True)
+@check("first_exercise", objective="first_objective", hidden=True)
 def first_exercise_hidden_rule(impl):
-    """{todo}: a rule graded only when a notebook is graded (argument checks, edge cases)."""
+    """{todo}: an objective's case graded only when a notebook is graded (an edge case)."""
     raise NotImplementedError("{todo}: write the hidden check")
 '''
 

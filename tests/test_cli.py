@@ -18,7 +18,7 @@ from stub_copies import untouched_impl
 import course.implementations
 from course.checks import get_lesson
 from course.cli import main
-from course.implementations import REPO_ROOT, STUDENT_DIR
+from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
 
 
 def course_cli(*args) -> subprocess.CompletedProcess:
@@ -79,7 +79,7 @@ def test_only_grades_the_named_exercises_and_runs_only_their_checks():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     ran = {e["exercise"]: [c["check"] for c in e["checks"]] for e in report["exercises"]}
-    expected = {"cosine_lr": [c.name for c in lesson.checks if c.exercise == "cosine_lr"]}
+    expected = {"cosine_lr": [c.name for c in lesson.checks if c.exercise == "cosine_lr" and c.tier == "core"]}
     assert ran == expected, f"ACTUAL checks run: {ran}\nEXPECTED: {expected}"
     assert (report["passed"], report["total"]) == (1, 1), report
 
@@ -162,13 +162,14 @@ def test_extensions_are_marked_optional_and_graded_only_with_all(tmp_path):
 
 
 def test_table_marks_core_and_optional_and_a_failing_core_exercise_exits_1(tmp_path):
-    """Untouched stubs under --all: every row says core or optional, extensions are TODO (graded), exit 1 from
-    the core exercises alone."""
+    """Untouched stubs under --all: every row says core, hardening or optional, extensions and hardening tiers
+    are TODO (graded), exit 1 from the core exercises alone."""
     proc = course_cli("check", "14", "--impl-dir", str(untouched_impl(tmp_path / "impl")), "--all")
     assert proc.returncode == 1, f"ACTUAL exit {proc.returncode}, EXPECTED 1\n{proc.stdout}{proc.stderr}"
-    rows = {ln.split()[0]: ln.split() for ln in proc.stdout.splitlines() if ln.startswith("  ") and "read 14" in ln}
-    assert {name: rows[name][1:3] for name in EXTENSIONS} == {name: ["TODO", "optional"] for name in EXTENSIONS}, rows
-    assert rows["cosine_lr"][1:3] == ["TODO", "core"], rows["cosine_lr"]
+    rows = [ln.split()[:3] for ln in proc.stdout.splitlines() if ln.startswith("  ") and "read 14" in ln]
+    assert [row for row in rows if row[0] in EXTENSIONS] == [[name, "TODO", "optional"] for name in EXTENSIONS], rows
+    assert [row for row in rows if row[0] == "cosine_lr"] == [["cosine_lr", "TODO", "core"],
+                                                             ["cosine_lr", "TODO", "hardening"]], rows
     assert f"optional: 0/{len(EXTENSIONS)} passed, 0 failed, {len(EXTENSIONS)} TODO" in proc.stdout, proc.stdout
 
 
@@ -197,3 +198,21 @@ def test_kernels_lists_the_cpus_families_its_own_last():
     assert forced.stdout == listed.stdout and not forced.stderr, (
         f"under ATEN_CPU_CAPABILITY=default\n  ACTUAL {forced.stdout!r} {forced.stderr[-500:]}\n  "
         f"EXPECTED {listed.stdout!r}")
+
+
+def test_hardening_checks_never_decide_the_exit_code(tmp_path):
+    """A cosine_lr right on every objective that checks its arguments in another order (a hardening rule):
+    without --all it passes and its hardening tier is only counted as not graded; with --all the hardening row
+    FAILs with the rule's message, and the exit code is still 0."""
+    mistake = next(m for m in get_lesson("14").mistakes if m.name == "cosine_checks_step_first")
+    submission = tmp_path / "carol"
+    shutil.copytree(REFERENCE_DIR, submission, ignore=shutil.ignore_patterns("__pycache__"))
+    (submission / "train_loop.py").write_text(mistake.source(), encoding="utf-8")
+    proc = course_cli("check", "14", "--impl-dir", str(submission), "--only", "cosine_lr")
+    assert proc.returncode == 0, f"ACTUAL exit {proc.returncode}, EXPECTED 0\n{proc.stdout}{proc.stderr}"
+    assert "hardening" in proc.stdout and "FAIL" not in proc.stdout, proc.stdout
+    proc = course_cli("check", "14", "--impl-dir", str(submission), "--only", "cosine_lr", "--all", "--json")
+    assert proc.returncode == 0, f"ACTUAL exit {proc.returncode}, EXPECTED 0 (a hardening failure)\n{proc.stdout}"
+    [row] = json.loads(proc.stdout)["exercises"]
+    assert (row["status"], row["hardening"]["status"]) == ("PASS", "FAIL"), row
+    assert "cosine_lr_rejects_bad_arguments" in row["hardening"]["message"], row["hardening"]["message"]

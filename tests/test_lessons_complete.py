@@ -58,6 +58,13 @@ def test_the_lesson_catalogues_a_mistake_a_hidden_check_catches(lesson):
 
 
 @by_id
+def test_every_objective_is_graded_and_every_core_exercise_has_a_core_check(lesson):
+    """The core tier is the lesson's objectives (the descriptor lists them): a check names the one it grades."""
+    assert lesson.objectives, f"lesson {lesson.lesson_id} lists no objectives"
+    assert lesson.tier_gaps() == [], f"lesson {lesson.lesson_id}: " + "; ".join(lesson.tier_gaps())
+
+
+@by_id
 def test_the_notebook_source_builds(lesson, tmp_path):
     """One solution cell per exercise and grade cells consistent with the points (no nbgrader needed)."""
     assert build_source(lesson, tmp_path).is_file()
@@ -109,7 +116,7 @@ CHECK_BODY = '''    """first_exercise doubles its input."""
         expect_equal(f"first_exercise({x})", impl.first_exercise(x), 2 * x)
 
 
-@check("first_exercise", hidden=True)
+@check("first_exercise", objective="first_objective", hidden=True)
 def first_exercise_keeps_integers_integers(impl):
     """An int comes back as an int."""
     expect_equal("type(first_exercise(3))", type(impl.first_exercise(3)).__name__, "int")

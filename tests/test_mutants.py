@@ -72,7 +72,9 @@ def test_verdicts_go_both_ways():
     survived = analyse(blind, "should_step_optimizer")
     assert [r.mutant.key for r in survived] == [r.mutant.key for r in killed]
     assert not any(r.killed_by for r in survived), [r.killed_by for r in survived]
-    assert f"{len(survived)} survived" in score_line("14", survived, {}), score_line("14", survived, {})
+    tiers = [sum(r.mutant.tier == tier for r in survived) for tier in ("core", "hardening")]
+    assert [f"{n} survived" in line for n, line in zip(tiers, score_line("14", survived, {}).splitlines())] == \
+        [True, True], score_line("14", survived, {})
 
 
 @pytest.mark.parametrize("lesson", sorted(LESSONS.values(), key=lambda l: l.lesson_id), ids=lambda l: l.lesson_id)
@@ -107,3 +109,24 @@ def test_exercises_reaching_follows_callers_uses_and_code_outside_definitions():
     assert exercises_reaching(lesson, source, "unrelated") == []
     everything = sorted(e.name for e in lesson.exercises)
     assert exercises_reaching(lesson, source + "\nTABLE = (_outer,)\n", "_inner") == everything
+
+
+def test_mutants_in_argument_rules_are_the_hardening_tier():
+    """should_step_optimizer's guard clauses (an if that only raises) make HARDENING mutants, its return line CORE
+    ones. Graded without the hardening checks, every core mutant is still killed (by the core checks alone) and
+    some hardening ones survive; a core mutant that only a hardening check fails is not killed."""
+    lesson = get_lesson("14")
+    results = analyse(lesson, "should_step_optimizer")
+    tiers = {r.mutant.tier for r in results}
+    assert tiers == {"core", "hardening"}, tiers
+    assert all(r.mutant.tier == "hardening" for r in results if "raise" in r.mutant.original_line
+               or r.mutant.original_line.startswith("if ")), [(r.mutant.key, r.mutant.tier) for r in results]
+    core_only = dataclasses.replace(lesson, checks=[c for c in lesson.checks if c.tier == "core"],
+                                    mistakes=(), equivalents=())
+    graded = analyse(core_only, "should_step_optimizer")
+    assert all(r.killed for r in graded if r.mutant.tier == "core"), [r.mutant.key for r in graded if not r.killed]
+    assert not all(r.killed for r in graded if r.mutant.tier == "hardening"), "the core checks test no argument rule"
+    core = next(r for r in graded if r.mutant.tier == "core")
+    assert not dataclasses.replace(core, killed_in="hardening").killed, "a hardening check cannot kill a core mutant"
+    lines = score_line("14", results, {}).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["lesson 14 core", "lesson 14 hardening"], lines

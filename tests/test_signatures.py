@@ -79,3 +79,23 @@ def test_untouched_copy_raises_todo_naming_the_section(lesson, tmp_path):
         nodes = _exercise_nodes(copy_dir / lesson.module_file)
         raises = [ast.unparse(n) for n in ast.walk(nodes[exercise.name]) if isinstance(n, ast.Raise)]
         assert raises and all("NotImplementedError" in r and exercise.section in r for r in raises), raises
+
+
+CONTRACT_LINES = {"function": 15, "class": 30}   # DEVELOPERS.md: a contract a student can hold in their head
+
+
+@pytest.mark.parametrize("lesson", LESSON_LIST, ids=lambda lesson: lesson.lesson_id)
+def test_core_contracts_are_short(lesson):
+    """A core exercise's stub docstring is at most 15 lines (a class's, with its methods' docstrings, 30):
+    purpose, arguments, returns, an example, the section to read. The lesson text teaches the rest."""
+    nodes = _exercise_nodes(lesson.files()["stub"])
+    too_long = {}
+    for exercise in lesson.core_exercises:
+        node = nodes[exercise.name]
+        kind = "class" if isinstance(node, ast.ClassDef) else "function"
+        docs = [ast.get_docstring(n) or "" for n in ast.walk(node)
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and (n is node or kind == "class")]
+        lines = sum(len(doc.splitlines()) for doc in docs)
+        if lines > CONTRACT_LINES[kind]:
+            too_long[exercise.name] = f"{lines} lines (at most {CONTRACT_LINES[kind]})"
+    assert not too_long, f"lesson {lesson.lesson_id}: contracts too long: ACTUAL {too_long}"

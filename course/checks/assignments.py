@@ -33,7 +33,7 @@ from typing import Optional
 from course.layout import NOTEBOOKS_DIR
 
 from . import LESSONS, get_lesson
-from .framework import Lesson
+from .framework import CORE, HARDENING, OPTIONAL, Lesson
 from .hints import notebook_cell
 
 EXERCISE_CELL = re.compile(r"^# exercise: (\w+)\s*$")
@@ -232,11 +232,11 @@ def grade_cells(lesson: Lesson) -> list[tuple[set, str, str, int]]:
     """(exercises it needs, grade_id, source, points) of every grade cell, in exercise order."""
     cells = []
     for exercise in lesson.exercises:
-        mine = [c for c in lesson.checks if c.exercise == exercise.name]
-        visible, hidden = [c for c in mine if not c.hidden], [c for c in mine if c.hidden]
         if exercise.optional:
-            cells.append(optional_check_cell(lesson, exercise.name, mine))
+            cells.append(optional_check_cell(lesson, exercise.name, lesson.tier_checks(exercise.name, OPTIONAL)))
             continue
+        mine = lesson.tier_checks(exercise.name, CORE)
+        visible, hidden = [c for c in mine if not c.hidden], [c for c in mine if c.hidden]
         if not visible or exercise.points < 1:
             raise ValueError(f"lesson {lesson.lesson_id}: exercise {exercise.name} needs a visible check and "
                              f"points >= 1 (has {len(visible)} visible checks, points={exercise.points})")
@@ -256,20 +256,26 @@ def grade_cells(lesson: Lesson) -> list[tuple[set, str, str, int]]:
                 _run_checks(lesson.lesson_id, [guard.name]), "### BEGIN HIDDEN TESTS",
                 _run_checks(lesson.lesson_id, [c.name for c in hidden]), "### END HIDDEN TESTS"])
             cells.append((needs, f"hidden_{exercise.name}", source, exercise.hidden_points))
+        hardening = lesson.tier_checks(exercise.name, HARDENING)
+        if hardening:
+            cells.append(optional_check_cell(lesson, exercise.name, hardening, HARDENING))
     return cells
 
 
-def optional_check_cell(lesson: Lesson, exercise: str, checks) -> tuple[set, str, str, int]:
-    """An extension's cell ``check_NAME``: locked, not graded (0 points; nbgrader has no optional points, and
-    ``validate`` fails a 0-point grade cell that errors), running every check of the exercise so the student
-    and the feedback see PASS / FAIL. Hidden checks would be pointless here: nothing is scored."""
-    if not checks or any(c.hidden for c in checks):
-        raise ValueError(f"lesson {lesson.lesson_id}: optional exercise {exercise} needs visible checks only "
-                         f"(has {len(checks)}, hidden: {[c.name for c in checks if c.hidden]})")
-    source = "\n".join([_comment(f"Optional, not scored (python -m course check {lesson.lesson_id} --all grades it "
+def optional_check_cell(lesson: Lesson, exercise: str, checks, tier: str = OPTIONAL) -> tuple[set, str, str, int]:
+    """An extension's cell ``check_NAME``, or a core exercise's hardening cell ``check_NAME_hardening``: locked,
+    not graded (0 points; nbgrader has no optional points, and ``validate`` fails a 0-point grade cell that
+    errors), running the checks so the student and the feedback see PASS / FAIL. Whether a check is hidden
+    does not matter here: nothing is scored."""
+    if not checks:
+        raise ValueError(f"lesson {lesson.lesson_id}: optional exercise {exercise} needs checks")
+    what = ("Hardening (argument rules and conventions beyond the lesson's objectives)" if tier == HARDENING
+            else "Optional")
+    source = "\n".join([_comment(f"{what}, not scored (python -m course check {lesson.lesson_id} --all grades it "
                                   f"too): {_summary(checks)}"),
                          _run_checks(lesson.lesson_id, [c.name for c in checks])])
-    return {exercise, *(u for c in checks for u in c.uses)}, f"check_{exercise}", source, 0
+    grade_id = f"check_{exercise}" + ("_hardening" if tier == HARDENING else "")
+    return {exercise, *(u for c in checks for u in c.uses)}, grade_id, source, 0
 
 
 # --- building the nbgrader source notebook -----------------------------------------------------

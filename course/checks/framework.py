@@ -29,6 +29,9 @@ class CheckFailure(AssertionError):
     """An implementation gave a wrong answer; the message says what and where."""
 
 
+CORE, HARDENING, OPTIONAL = "core", "hardening", "optional"   # the tiers a check or an exercise's result is in
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -38,6 +41,13 @@ class Check:
     hidden: bool = False          # notebooks: graded in the exercise's hidden grade cell
     uses: tuple[str, ...] = ()    # other exercises the check calls (its grade cell follows them)
     slow: bool = False            # one of the lesson's slowest: parallel grading starts it first
+    objective: str = ""           # the lesson objective it grades (Lesson.objectives); "" = the hardening tier
+
+    @property
+    def tier(self) -> str:
+        """CORE: it grades one of the lesson's objectives (exit code, points); HARDENING: a convention beyond
+        them (argument validation, exception types, warnings), graded only by ``check --all``, 0 points."""
+        return CORE if self.objective else HARDENING
 
 
 @dataclass(frozen=True)
@@ -52,14 +62,15 @@ class Exercise:
 CHECK_MARK = "course_check"   # the attribute ``check`` sets on a check function
 
 
-def check(exercise: str, *, hidden: bool = False, uses: tuple[str, ...] = (), slow: bool = False):
-    """Decorator: mark ``fn`` as a check of ``exercise`` (its docstring explains it; ``hidden``: graded in
-    the notebook's hidden cell; ``uses``: other exercises it calls; ``slow``: one of the lesson's slowest,
-    started first when checks run in parallel). The lesson's descriptor collects the marked functions of its
-    check modules with ``checks_in``."""
+def check(exercise: str, *, objective: str = "", hidden: bool = False, uses: tuple[str, ...] = (),
+          slow: bool = False):
+    """Decorator: mark ``fn`` as a check of ``exercise`` (its docstring explains it; ``objective``: the lesson
+    objective it grades, none for a hardening check; ``hidden``: graded in the notebook's hidden cell; ``uses``:
+    other exercises it calls; ``slow``: one of the lesson's slowest, started first when checks run in
+    parallel). The lesson's descriptor collects the marked functions of its check modules with ``checks_in``."""
     def mark(fn):
         setattr(fn, CHECK_MARK, Check(fn.__name__, exercise, fn, (fn.__doc__ or "").strip(), hidden, tuple(uses),
-                                      slow))
+                                      slow, objective))
         return fn
     return mark
 
@@ -81,6 +92,7 @@ class Lesson:
     title: str
     module: str             # the exercise module, e.g. "train_loop": impl/train_loop.py
     exercises: Sequence[Exercise]
+    objectives: Mapping[str, str] = field(default_factory=dict)  # id -> what the lesson teaches, one line each
     checks: Sequence[Check] = ()        # checks_in(the lesson's check modules)
     mistakes: Sequence[Mistake] = ()    # wrong variants, each FAILS the check it names
     equivalents: Sequence[Mistake] = ()  # equivalent variants, each PASSES every check
@@ -101,6 +113,7 @@ class Lesson:
         for c in self.checks:
             for name in (c.exercise, *c.uses):
                 self.exercise(name)
+        self._validate_tiers()
         validate_hints(self.lesson_id, self.hints, self.exercises)
         names = [c.name for c in self.checks]
         doubled = sorted({n for n in names if names.count(n) > 1})
@@ -109,6 +122,29 @@ class Lesson:
         unknown = [(m.name, m.caught_by) for m in self.mistakes if m.caught_by not in names]
         if unknown:
             raise ValueError(f"lesson {self.lesson_id}: mistakes caught by no check of the lesson: {unknown}")
+
+    def _validate_tiers(self) -> None:
+        """A core check grades an objective the lesson lists; an extension's checks name none (optional)."""
+        unknown = [(c.name, c.objective) for c in self.checks if c.objective and c.objective not in self.objectives]
+        if unknown:
+            raise ValueError(f"lesson {self.lesson_id}: checks name objectives it does not list: {unknown}")
+        in_extensions = [c.name for c in self.checks if c.objective and self.exercise(c.exercise).optional]
+        if in_extensions:
+            raise ValueError(f"lesson {self.lesson_id}: checks of optional exercises name objectives: {in_extensions}")
+
+    def tier_gaps(self) -> list[str]:
+        """What a complete lesson lacks: an objective no core check grades, a core exercise with no core check
+        (tests/test_lessons_complete.py; a lesson narrowed to a few checks in a test may lack them)."""
+        graded = {c.objective for c in self.checks}
+        return ([f"objective {o!r} is graded by no core check" for o in self.objectives if o not in graded]
+                + [f"core exercise {e.name} has no core check" for e in self.core_exercises
+                   if not any(c.exercise == e.name and c.tier == CORE for c in self.checks)])
+
+    def tier_checks(self, exercise: str, tier: str) -> list[Check]:
+        """The checks of ``exercise`` in ``tier`` (an optional exercise's checks are all in OPTIONAL)."""
+        optional = self.exercise(exercise).optional
+        return [c for c in self.checks if c.exercise == exercise
+                and (OPTIONAL if optional else c.tier) == tier]
 
     @property
     def name(self) -> str:

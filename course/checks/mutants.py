@@ -16,6 +16,11 @@ and error-message text are left alone):
 * statement: removed (``pass`` in its place); two neighbouring simple statements swapped
 * call: its first two positional arguments swapped
 * except: ``except Exception`` -> ``except ValueError``; a tuple of exceptions -> its first one
+
+Each mutant is in a tier. A mutant inside a guard clause (an ``if`` whose body only raises: an argument rule)
+or inside a ``_validate*`` helper is a HARDENING mutant, killed by any check; every other one changes the code
+of the lesson's objectives and is a CORE mutant: only a core check's failure kills it (a core mutant that
+only a hardening check fails counts as survived until it gets a core check or a listed reason).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from typing import Callable, Iterator, Optional
 
 from course.implementations import module_from_source
 
-from .framework import PASS, Lesson, run_check
+from .framework import CORE, HARDENING, PASS, Lesson, run_check
 
 COMPARE_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                  ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
@@ -52,6 +57,7 @@ class Mutant:
     occurrence: int
     original_line: str
     source: str = field(repr=False)
+    tier: str = CORE    # HARDENING inside an argument rule (module docstring)
 
     @property
     def key(self) -> str:
@@ -61,8 +67,14 @@ class Mutant:
 @dataclass
 class MutantResult:
     mutant: Mutant
-    killed_by: Optional[str]     # the first check that failed it; None: it survived every check
+    killed_by: Optional[str]     # the first check that failed it (core checks run first); None: none did
     seconds: float
+    killed_in: str = CORE        # the tier of the check that killed it
+
+    @property
+    def killed(self) -> bool:
+        """A core mutant needs a core check to fail it; a hardening mutant any check."""
+        return self.killed_by is not None and (self.mutant.tier == HARDENING or self.killed_in == CORE)
 
 
 # --- finding the places and making the mutants -----------------------------------------------------
@@ -141,22 +153,36 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
                     yield f"{node.name}.{item.name}", item
 
 
-def _sites(tree: ast.Module, only: Optional[str]) -> Iterator[tuple[str, int, str, Callable[[ast.Module], None]]]:
-    """(function, line, rule, apply-to-a-copy-of-the-module) for every mutation site, in file order."""
+def _argument_rules(function: ast.AST, qualified: str) -> set[int]:
+    """ids of the nodes in ``function``'s argument rules: its guard clauses (an ``if`` whose body only raises,
+    with no ``else``), or all of it when it is a ``_validate*`` helper."""
+    if qualified.split(".")[-1].startswith("_validate"):
+        return {id(n) for n in ast.walk(function)}
+    guards = [n for n in ast.walk(function) if isinstance(n, ast.If) and not n.orelse
+              and all(isinstance(statement, ast.Raise) for statement in n.body)]
+    return {id(n) for guard in guards for n in ast.walk(guard)}
+
+
+def _sites(tree: ast.Module, only: Optional[str]) -> Iterator[tuple[str, int, str, Callable[[ast.Module], None], str]]:
+    """(function, line, rule, apply-to-a-copy-of-the-module, tier) for every mutation site, in file order."""
     skipped = _message_nodes(tree)
     for qualified, function in _functions(tree):
         if only is not None and qualified != only and not qualified.startswith(only + "."):
             continue
+        rules = _argument_rules(function, qualified)
+
+        def tier(node):
+            return HARDENING if id(node) in rules else CORE
         nodes = [n for n in ast.walk(function) if n is not function]
         for position, node in enumerate(nodes):
             if id(node) in skipped:
                 continue
             for rule, apply in _rules(node):
                 if apply is None:   # "not x -> x": replace the UnaryOp in its parent
-                    yield qualified, node.lineno, rule, _replacer(qualified, position, lambda n: n.operand)
+                    yield qualified, node.lineno, rule, _replacer(qualified, position, lambda n: n.operand), tier(node)
                 else:
                     yield qualified, getattr(node, "lineno", function.lineno), rule, \
-                        _editor(qualified, position, apply)
+                        _editor(qualified, position, apply), tier(node)
         for holder in [function, *nodes]:
             for attribute in ("body", "orelse", "finalbody"):
                 body = getattr(holder, attribute, None)
@@ -165,7 +191,8 @@ def _sites(tree: ast.Module, only: Optional[str]) -> Iterator[tuple[str, int, st
                         if index == 0 and holder is function and id(body[0]) in skipped:
                             continue   # the docstring
                         yield qualified, body[index].lineno, rule, \
-                            _body_editor(qualified, ([function, *nodes].index(holder)), attribute, apply)
+                            _body_editor(qualified, ([function, *nodes].index(holder)), attribute, apply), \
+                            tier(body[index])
 
 
 def _function_node(module: ast.Module, qualified: str) -> ast.AST:
@@ -211,7 +238,7 @@ def mutants(source: str, function: Optional[str] = None) -> list[Mutant]:
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     found, occurrences = [], {}
-    for qualified, line, rule, edit in _sites(tree, function):
+    for qualified, line, rule, edit, tier in _sites(tree, function):
         index = _top_level_index(tree, qualified)
         original = tree.body[index]
         module = ast.Module(body=list(tree.body), type_ignores=[])
@@ -225,7 +252,7 @@ def mutants(source: str, function: Optional[str] = None) -> list[Mutant]:
         except (SyntaxError, ValueError, TypeError):
             continue
         occurrence = occurrences[(qualified, rule)] = occurrences.get((qualified, rule), 0) + 1
-        found.append(Mutant(qualified, line, rule, occurrence, lines[line - 1].strip(), text))
+        found.append(Mutant(qualified, line, rule, occurrence, lines[line - 1].strip(), text, tier))
     return found
 
 
@@ -272,19 +299,23 @@ def exercises_reaching(lesson: Lesson, source: str, function: str) -> list[str]:
 
 
 def grade_mutant(lesson: Lesson, mutant: Mutant, exercises: list[str]) -> MutantResult:
-    """Run the checks of ``exercises`` first, then the rest, until one fails the mutant."""
+    """Run the core checks before the others (then the checks of ``exercises`` first) until one fails the
+    mutant; an extension's checks count as core here (an extension is its own objective)."""
     start = time.perf_counter()
     module = module_from_source(mutant.source, f"mutant_{lesson.lesson_id}",
                                 f"<mutant of {lesson.module_file}: {mutant.key}>")
-    ordered = sorted(lesson.checks, key=lambda c: c.exercise not in exercises)
+
+    def tier(check):
+        return HARDENING if check.tier == HARDENING and not lesson.exercise(check.exercise).optional else CORE
+    ordered = sorted(lesson.checks, key=lambda c: (tier(c) == HARDENING, c.exercise not in exercises))
     for check in ordered:
         with time_limit(CHECK_SECONDS):
             try:
                 result = run_check(check, module)
             except CheckTimedOut:
-                return MutantResult(mutant, check.name, time.perf_counter() - start)
+                return MutantResult(mutant, check.name, time.perf_counter() - start, tier(check))
         if result.status != PASS:
-            return MutantResult(mutant, check.name, time.perf_counter() - start)
+            return MutantResult(mutant, check.name, time.perf_counter() - start, tier(check))
     return MutantResult(mutant, None, time.perf_counter() - start)
 
 
@@ -304,17 +335,21 @@ def analyse(lesson: Lesson, function: Optional[str] = None, progress=None) -> li
 
 
 def status_of(result: MutantResult, equivalents: dict[str, str]) -> str:
-    if result.killed_by is not None:
+    if result.killed:
         return "killed"
     return "equivalent" if result.mutant.key in equivalents else "survived"
 
 
 def score_line(lesson_id: str, results: list[MutantResult], equivalents: dict[str, str]) -> str:
-    statuses = [status_of(r, equivalents) for r in results]
-    killed, equivalent = statuses.count("killed"), statuses.count("equivalent")
-    survived = len(statuses) - killed - equivalent
-    graded = len(statuses) - equivalent
-    score = 100.0 * killed / graded if graded else 100.0
-    return (f"lesson {lesson_id}: {len(statuses)} mutants, {killed} killed, {equivalent} equivalent, "
-            f"{survived} survived: score {score:.1f} % of the non-equivalent")
+    """One line per tier: mutants, killed, equivalent (listed), survived, and the score."""
+    lines = []
+    for tier in (CORE, HARDENING):
+        statuses = [status_of(r, equivalents) for r in results if r.mutant.tier == tier]
+        killed, equivalent = statuses.count("killed"), statuses.count("equivalent")
+        survived = len(statuses) - killed - equivalent
+        graded = len(statuses) - equivalent
+        score = 100.0 * killed / graded if graded else 100.0
+        lines.append(f"lesson {lesson_id} {tier}: {len(statuses)} mutants, {killed} killed, {equivalent} "
+                     f"equivalent, {survived} survived: score {score:.1f} % of the non-equivalent")
+    return "\n".join(lines)
 

@@ -3,9 +3,16 @@
 A notebook's functions live in its globals, so a grade cell hands ``globals()`` over and names the
 checks it runs. Anything short of PASS raises ``AssertionError`` (nbgrader then gives the cell 0
 points) with each such check's name and ACTUAL vs EXPECTED message, so the student sees why.
+
+nbgrader also gives a grade cell 0 points when anything reaches its stderr (``nbgrader.utils.determine_grade``):
+a warning torch or the student's code emits while the checks run (a deprecated ``torch.cuda.amp`` call, say)
+is shown on stdout instead, once, and never costs the points.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
+import warnings
 from types import SimpleNamespace
 
 from . import get_lesson
@@ -16,7 +23,12 @@ from .results import describe, grade_exercises
 def run_checks(namespace: dict, lesson_id: str, *check_names: str) -> None:
     """Run ``check_names`` of lesson ``lesson_id`` on the functions defined in ``namespace``."""
     notebook = SimpleNamespace(**{k: v for k, v in namespace.items() if isinstance(k, str)})
-    checks = [r for e in grade_exercises(get_lesson(lesson_id), notebook, check_names=check_names) for r in e.checks]
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(sys.stdout):
+        warnings.simplefilter("always")
+        results = grade_exercises(get_lesson(lesson_id), notebook, check_names=check_names)
+    checks = [r for e in results for r in e.checks]
+    for message in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
+        print(f"warning (not graded): {message}")
     for result in checks:
         print(f"{result.status:<4}  {result.check}  ({result.seconds:.1f} s)")
     problems = [describe(r) for r in checks if r.status != PASS]

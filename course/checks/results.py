@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional, Sequence
 
-from .framework import FAIL, PASS, TODO, CheckResult, Exercise, Lesson
+from .framework import CORE, FAIL, HARDENING, OPTIONAL, PASS, TODO, CheckResult, Exercise, Lesson
 from .parallel import run_checks
 
-SKIP = "SKIP"   # an optional extension this run did not grade
+SKIP = "SKIP"   # an extension or a hardening tier this run did not grade
 
 
 @dataclass
@@ -20,6 +20,7 @@ class ExerciseResult:
     exercise: Exercise
     status: str                  # PASS, FAIL, TODO or SKIP
     checks: list[CheckResult]    # the checks that ran, in the lesson's order (none when SKIP)
+    tier: str = CORE             # CORE (the exit code, points), HARDENING or OPTIONAL (graded by --all only)
 
     @property
     def first_problem(self) -> Optional[CheckResult]:
@@ -42,12 +43,14 @@ def describe(result: CheckResult) -> str:
 def grade_exercises(lesson: Lesson, module: ModuleType, only: Optional[Sequence[str]] = None,
                     include_optional: bool = False, check_names: Optional[Sequence[str]] = None,
                     jobs: int = 1) -> list[ExerciseResult]:
-    """Run the lesson's checks on ``module`` and roll them up per exercise, in the lesson's order.
+    """Run the lesson's checks on ``module`` and roll them up per exercise and tier, in the lesson's order.
 
-    ``only``: grade just these exercises (optional ones included when named). ``include_optional``: grade the
-    optional extensions too; otherwise they come back SKIP, unrun. ``check_names``: run just these checks (a
-    notebook grade cell); only the exercises they belong to come back. ``jobs``: worker processes to share
-    the checks out to (``course.checks.parallel``; 1 runs them in-process)."""
+    A core exercise gives its CORE result and, when it has hardening checks, a HARDENING result after it; an
+    extension gives one OPTIONAL result. ``include_optional`` (``check --all``): grade the hardening tiers and
+    the extensions too; otherwise they come back SKIP, unrun (an extension named in ``only`` is graded).
+    ``only``: grade just these exercises. ``check_names``: run just these checks (a notebook cell); only the
+    results they belong to come back. ``jobs``: worker processes to share the checks out to
+    (``course.checks.parallel``; 1 runs them in-process)."""
     named = set(only or ())
     for name in named:
         lesson.exercise(name)   # a ValueError naming the lesson's exercises
@@ -56,20 +59,22 @@ def grade_exercises(lesson: Lesson, module: ModuleType, only: Optional[Sequence[
         if not check_names or any(name not in known for name in check_names):
             raise ValueError(f"check_names must be checks of lesson {lesson.lesson_id} {sorted(known)}, "
                              f"got {list(check_names)}")
-    graded = []   # (exercise, its checks to run, or None when it is skipped)
+    graded = []   # (exercise, tier, its checks to run, or None when it is skipped)
     for exercise in lesson.exercises:
         if named and exercise.name not in named:
             continue
-        checks = [c for c in lesson.checks
-                  if c.exercise == exercise.name and (check_names is None or c.name in check_names)]
-        if check_names is not None and not checks:
-            continue
-        skipped = exercise.optional and not (include_optional or named or check_names is not None)
-        graded.append((exercise, None if skipped else checks))
-    ran = iter(run_checks([c for _, checks in graded if checks for c in checks], module, jobs))
-    return [ExerciseResult(exercise, SKIP, []) if checks is None
-            else _rolled_up(exercise, [next(ran) for _ in checks]) for exercise, checks in graded]
+        for tier in ((OPTIONAL,) if exercise.optional else (CORE, HARDENING)):
+            checks = [c for c in lesson.tier_checks(exercise.name, tier)
+                      if check_names is None or c.name in check_names]
+            if not checks and (check_names is not None or tier == HARDENING):
+                continue
+            skipped = tier != CORE and not (include_optional or check_names is not None
+                                            or (tier == OPTIONAL and exercise.name in named))
+            graded.append((exercise, tier, None if skipped else checks))
+    ran = iter(run_checks([c for *_, checks in graded if checks for c in checks], module, jobs))
+    return [ExerciseResult(exercise, SKIP, [], tier) if checks is None
+            else _rolled_up(exercise, [next(ran) for _ in checks], tier) for exercise, tier, checks in graded]
 
 
-def _rolled_up(exercise: Exercise, results: list[CheckResult]) -> ExerciseResult:
-    return ExerciseResult(exercise, exercise_status(results), results)
+def _rolled_up(exercise: Exercise, results: list[CheckResult], tier: str) -> ExerciseResult:
+    return ExerciseResult(exercise, exercise_status(results), results, tier)

@@ -33,7 +33,7 @@ def mechanics_report(impl) -> list[str]:
 # --- cosine_lr -----------------------------------------------------------------------------
 
 
-@check("cosine_lr")
+@check("cosine_lr", objective="schedule")
 def cosine_lr_matches_get_lr(impl):
     """cosine_lr equals MiniMind's get_lr along a 20-step run and across several (T, lr)."""
     cases = [(s, 20, 5e-4) for s in REPORT_LR_STEPS] + [
@@ -46,7 +46,7 @@ def cosine_lr_matches_get_lr(impl):
         expect_close(f"cosine_lr({step}, {total}, {lr})", value, get_lr(step, total, lr), rtol=LR_RTOL)
 
 
-@check("cosine_lr")
+@check("cosine_lr", objective="schedule")
 def cosine_lr_endpoints(impl):
     """The schedule starts at base_lr and ends at 0.1 * base_lr (no warmup, no decay to 0)."""
     expect_close("cosine_lr(0, 100, 1.0) (start)", impl.cosine_lr(0, 100, 1.0), 1.0, rtol=LR_RTOL)
@@ -66,7 +66,7 @@ def cosine_lr_rejects_bad_arguments(impl):
 # --- scale_loss_for_accumulation -----------------------------------------------------------
 
 
-@check("scale_loss_for_accumulation")
+@check("scale_loss_for_accumulation", objective="loss_scaling")
 def scale_loss_divides_by_k(impl):
     """loss / K, as a tensor that still carries the graph (gradient 1/K)."""
     for value, k in [(8.0, 4), (3.0, 1), (1.0, 3), (2.5, 8)]:
@@ -103,7 +103,7 @@ def optimizer_step_positions(impl, micro_steps: int, k: int) -> list[int]:
     return [s for s in range(1, micro_steps + 1) if impl.should_step_optimizer(s, k)]
 
 
-@check("should_step_optimizer")
+@check("should_step_optimizer", objective="update_cadence")
 def should_step_at_window_ends(impl):
     """Steps at micro-steps K, 2K, ... (1-based): 8 micro-steps with K=4 step at [4, 8]."""
     positions = optimizer_step_positions(impl, 8, 4)
@@ -143,7 +143,7 @@ def flush_rule(last_step: int, start_step: int, k: int, expected: bool) -> str:
 # --- should_flush_tail ---------------------------------------------------------------------
 
 
-@check("should_flush_tail")
+@check("should_flush_tail", objective="tail_flush")
 def should_flush_only_a_partial_window(impl):
     """Flush iff the epoch ran micro-steps (last > start) and ended inside a window (last % K != 0; the
     windows count from micro-step 1 of the epoch, not from start_step)."""

@@ -157,7 +157,7 @@ def _check_scenarios(impl, scenarios) -> None:
         compare_runs(scenario, result, run_oracle(scenario), forward_lrs)
 
 
-@check("train_one_epoch")
+@check("train_one_epoch", objective="tail_flush")
 def train_one_epoch_marks_the_tail_flush(impl):
     """With 6 micro-batches and K=4 the last record of an epoch is the tail flush: it closes an update
     and reports a norm; grad_norm is None wherever no update closed."""
@@ -175,7 +175,7 @@ def train_one_epoch_marks_the_tail_flush(impl):
              "hint: grad_norm is None where no update closed (not 0.0: no norm was measured there)")
 
 
-@check("train_one_epoch")
+@check("train_one_epoch", objective="tail_flush")
 def train_one_epoch_returns_nothing_for_an_empty_epoch(impl):
     """A resume at start_step == iters (6 micro-batches, K=4: the tail was flushed before the save) runs no
     micro-step: it returns [] and changes nothing."""
@@ -195,7 +195,7 @@ def train_one_epoch_returns_nothing_for_an_empty_epoch(impl):
                          {n: p.detach() for n, p in objects.model.named_parameters()}, before, rtol=0.0, atol=0.0)
 
 
-@check("train_one_epoch")
+@check("train_one_epoch", objective="schedule")
 def train_one_epoch_sets_lr_in_every_param_group(impl):
     """With two param groups (e.g. decay / no decay) every group holds the schedule's lr at every forward pass
     and at every optimizer step (4 micro-batches, K=3: an update at 3, the tail flush at 4)."""
@@ -224,7 +224,7 @@ def expect_group_lrs(where: str, seen: list, steps: tuple, scenario: LoopScenari
                          get_lr(step, scenario.iters, scenario.base_lr), rtol=LR_RTOL)
 
 
-@check("train_one_epoch", hidden=True)
+@check("train_one_epoch", objective="overflow_skip", hidden=True)
 def train_one_epoch_scaler_none_is_disabled(impl):
     """scaler=None means a disabled GradScaler for the device's type: an inf gradient is not skipped (the update
     runs, the weights it reaches become non-finite), no record says overflow_skipped, and nothing warns."""
@@ -242,13 +242,13 @@ def train_one_epoch_scaler_none_is_disabled(impl):
                  bool(torch.isfinite(weight).all()), False)
 
 
-@check("train_one_epoch")
+@check("train_one_epoch", objective="update_order")
 def train_one_epoch_matches_oracle_fp32(impl):
     """Same lr, step positions, losses, grad norms, parameters and AdamW state as the oracle (fp32)."""
     _check_scenarios(impl, LOOP_FP32_SCENARIOS)
 
 
-@check("train_one_epoch", hidden=True)
+@check("train_one_epoch", objective="overflow_skip", hidden=True)
 def train_one_epoch_matches_oracle_amp(impl):
     """bf16 autocast and an enabled CPU GradScaler with an overflow (step skipped, scale halved)."""
     _check_scenarios(impl, LOOP_AMP_SCENARIOS)
@@ -272,7 +272,7 @@ def tail_only_run(train_one_epoch, micro_steps: int):
     return calls, [n for n, p in objects.model.named_parameters() if p.grad is not None]
 
 
-@check("train_one_epoch", hidden=True)
+@check("train_one_epoch", objective="no_host_sync", hidden=True)
 def train_one_epoch_syncs_once_per_epoch(impl):
     """No device-to-host sync per micro-step: an epoch of 5 micro-steps converts tensors to Python (.item(),
     float(), .tolist(), ...) or copies them to the host (.cpu(), .numpy()) exactly as often as one of 2 with the

@@ -60,7 +60,7 @@ WRONG_ACCUMULATIONS = (
 )
 
 
-@check("test_accumulation_matches_big_batch", slow=True)
+@check("test_accumulation_matches_big_batch", objective="accumulation_test", slow=True)
 def accumulation_test_passes_correct_and_fails_wrong(impl):
     """Your test passes the correct accumulation (course/runs/accumulation.py, and the same in float64) and
     raises AssertionError on each of 5 wrong ones: no division by K, division by K twice, zero_grad every

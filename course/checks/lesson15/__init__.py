@@ -19,6 +19,21 @@ LESSON = Lesson(
         Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),
         Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),
     ],
+    objectives={
+        "skip_batches": "a resumed epoch skips exactly the micro-batches already trained, in the same order, "
+                        "the last partial batch kept",
+        "full_state": "a checkpoint holds what an exact resume needs (fp32 weights, optimizer and scaler state, "
+                      "counters, world size, model config) and loading restores it bit for bit",
+        "atomic_save": "a save that fails halfway leaves the previous checkpoint intact",
+        "update_boundary": "checkpoints are taken at update boundaries: a save with gradients pending refuses",
+        "unwrap": "the saved weights are the model's own (DDP and torch.compile wrappers unwrapped); under DDP "
+                  "one rank writes",
+        "refuse_foreign": "loading refuses a file it cannot resume from exactly (weights only, fp16 weights, "
+                          "another model or optimizer) before changing anything",
+        "world_size": "a checkpoint from another world size rescales its step",
+        "exact_resume": "stop at an update boundary, save, load into fresh objects, continue: bitwise the "
+                        "uninterrupted run",
+    },
     checks=checks_in(checks, saving, loading, resume),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,

@@ -194,7 +194,7 @@ def expect_sampler_batches(where: str, sampler, expected: list) -> None:
     expect_equal(f"len({where})", len(sampler), len(expected))
 
 
-@check("SkipBatchSampler")
+@check("SkipBatchSampler", objective="skip_batches")
 @names_the_rule('the epoch cut into batches in order, minus the first skip_batches (default 0); the last, short batch is kept; every batch is a new list')
 def skip_batch_sampler_matches_upstream(impl):
     """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)] (with and without a
@@ -212,7 +212,7 @@ def skip_batch_sampler_matches_upstream(impl):
                                        sampler, list(upstream))
 
 
-@check("SkipBatchSampler", hidden=True)
+@check("SkipBatchSampler", objective="skip_batches", hidden=True)
 @names_the_rule('read indices afresh on every pass (keep the sampler itself, not list(indices)): set_epoch changes its order')
 def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
     """Over a DistributedSampler, each pass batches the order of the sampler's current epoch (set_epoch

@@ -26,7 +26,7 @@ from .saving import expect_optimizer_state_equal
 # --- load_checkpoint ---------------------------------------------------------------------------
 
 
-@check("load_checkpoint", uses=("save_checkpoint",))
+@check("load_checkpoint", objective="full_state", uses=("save_checkpoint",))
 @names_the_rule('restore everything given, bit for bit; path may be a str; optimizer and scaler may be None: restore only what is given')
 def load_checkpoint_restores_everything(impl):
     """Fresh model, optimizer and scaler get the saved state bit for bit (path a str or a Path); the dict carries
@@ -105,7 +105,7 @@ def load_checkpoint_rejects_unreadable_files(impl):
                        target, ValueError, [str(pickled)])
 
 
-@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@check("load_checkpoint", objective="refuse_foreign", hidden=True, uses=("save_checkpoint",))
 @names_the_rule("validate everything before the first load_state_dict: the six keys, model keys, shapes and dtypes of tensors (a non-tensor is refused; name the parameter), the optimizer's groups, parameters (no state under unknown ids), hyper-parameter keys and state shapes (name optimizer; the same numel is not the same shape); each ValueError names the path")
 def load_checkpoint_rejects_foreign_checkpoints(impl):
     """Weights-only files, wrong shapes, another model config, fp16 weights, another optimizer: ValueError
@@ -216,7 +216,7 @@ def load_checkpoint_rejects_a_missing_key(impl):
                            ValueError, [str(lacking), key])
 
 
-@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@check("load_checkpoint", objective="refuse_foreign", hidden=True, uses=("save_checkpoint",))
 @names_the_rule('compare the whole model_config with dataclasses.asdict(model.config), not only the shapes, in both directions: name the field that differs, is missing or is extra')
 def load_checkpoint_rejects_another_config_with_the_same_shapes(impl):
     """A checkpoint whose model_config differs only where no shape shows it (rope_theta), lacks a field
@@ -267,7 +267,7 @@ def scale_schedule(scaler) -> list:
     return scales
 
 
-@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@check("load_checkpoint", objective="full_state", hidden=True, uses=("save_checkpoint",))
 @names_the_rule("restore the GradScaler with scaler.load_state_dict(saved state): its scale, growth tracker AND hyper-parameters (growth_factor, backoff_factor, growth_interval)")
 def load_checkpoint_restores_the_whole_grad_scaler(impl):
     """A GradScaler with non-default growth_factor, backoff_factor and growth_interval, saved between two
@@ -291,7 +291,7 @@ def load_checkpoint_restores_the_whole_grad_scaler(impl):
                          scale_schedule(tuned))
 
 
-@check("load_checkpoint", hidden=True, uses=("save_checkpoint",))
+@check("load_checkpoint", objective="world_size", hidden=True, uses=("save_checkpoint",))
 @names_the_rule("when the world size changes, the returned step is the floor of step * saved_world_size / world_size, an int; world_size=None is the current process group's size (1 without one)")
 def load_checkpoint_rescales_step_for_world_size(impl):
     """Upstream's rule, floored to an int: step * saved_world_size // world_size when the world size changed

@@ -10,7 +10,7 @@ from .checks import check_exact_resume, names_the_rule
 # --- resume_position ---------------------------------------------------------------------------
 
 
-@check("resume_position")
+@check("resume_position", objective="exact_resume")
 @names_the_rule('start_step is the number of micro-batches of the epoch already trained; only step == iters continues at (epoch + 1, 0); check iters (an int >= 1, not a bool) before step (within [0, iters]); the checkpoint dict is read, never changed')
 def resume_position_cases(impl):
     """Mid-epoch (also one micro-batch before the end) resumes where it stopped; an epoch-end checkpoint resumes
@@ -31,14 +31,16 @@ def resume_position_cases(impl):
                       ("iters", "step"))
 
 
-@check("resume_position", slow=True, uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
+@check("resume_position", objective="exact_resume", slow=True,
+       uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
 @names_the_rule("an exact resume restores the model and the whole AdamW state (moments and step count), skips exactly the trained micro-batches and continues at resume_position's (epoch, step)")
 def exact_resume_fp32(impl):
     """Stop at an update boundary, save, load into fresh objects, finish: bitwise the uninterrupted run."""
     check_exact_resume(impl, RESUME_FP32)
 
 
-@check("resume_position", hidden=True, uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
+@check("resume_position", objective="exact_resume", hidden=True,
+       uses=("SkipBatchSampler", "save_checkpoint", "load_checkpoint"))
 @names_the_rule("restore the GradScaler's whole state, its scale AND its growth tracker, or the scale changes at other steps than in the uninterrupted run")
 def exact_resume_with_grad_scaler(impl):
     """Same with an enabled CPU GradScaler whose scale was halved before the stop: the scale must survive."""

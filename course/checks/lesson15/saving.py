@@ -20,7 +20,7 @@ from .checks import CompiledWrapper, expect_works, fake_ddp, fake_rank, good_che
 # --- save_checkpoint ---------------------------------------------------------------------------
 
 
-@check("save_checkpoint")
+@check("save_checkpoint", objective="full_state")
 @names_the_rule('every key of the contract; tensors keep their dtype and value (fp32 stays fp32: fp16 weights are an export); one entry per extra keyword, None and 0 included; an extra with a state_dict() is stored as that dict, so weights_only=True reads the file')
 def save_checkpoint_writes_full_state(impl):
     """fp32 weights, optimizer, scaler, counters, world size, model config and extras (also None and 0: one entry
@@ -92,7 +92,7 @@ class CrashWhilePickled:
         raise self.error
 
 
-@check("save_checkpoint", hidden=True, uses=("load_checkpoint",))
+@check("save_checkpoint", objective="atomic_save", hidden=True, uses=("load_checkpoint",))
 @names_the_rule('on ANY failure, KeyboardInterrupt, SystemExit and every other BaseException included (catch BaseException), delete the temporary file and re-raise; the previous checkpoint is never touched until the new one replaces it')
 def save_checkpoint_is_atomic(impl):
     """A save that fails halfway (OSError, KeyboardInterrupt, SystemExit, a BaseException of its own) re-raises
@@ -123,7 +123,7 @@ def save_checkpoint_is_atomic(impl):
         expect_equal("(epoch, step) of the previous checkpoint", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
 
 
-@check("save_checkpoint", hidden=True)
+@check("save_checkpoint", objective="update_boundary", hidden=True)
 @names_the_rule('save only at an update boundary: a gradient with any non-zero entry (NaN and inf included) on ANY parameter is pending (ValueError naming accumulation); None (a frozen parameter) or zero gradients are not')
 def save_checkpoint_refuses_pending_gradients(impl):
     """Zero gradients (zero_grad(set_to_none=False)) are not pending: the save works. Mid-accumulation
@@ -180,7 +180,7 @@ def set_gradients(model, frozen: set, pending: dict) -> None:
             param.grad.view(-1)[:len(values)] = values
 
 
-@check("save_checkpoint", hidden=True)
+@check("save_checkpoint", objective="atomic_save", hidden=True)
 @names_the_rule("create the parent directory (path may be a str); os.replace is an atomic rename only within one file system, so the temporary file lies in the target's directory, and its bytes are fsync'd before the name switches")
 def save_checkpoint_writes_next_to_the_target(impl):
     """The parent directory (of a str path) is created; the temporary file lies in the target's directory
@@ -229,7 +229,7 @@ def save_checkpoint_writes_next_to_the_target(impl):
                  "torch.save into the temporary file, handle.flush(), os.fsync(handle.fileno()), then os.replace")
 
 
-@check("save_checkpoint")
+@check("save_checkpoint", objective="unwrap")
 @names_the_rule('save the model itself: unwrap .module (DistributedDataParallel) and ._orig_mod (torch.compile) until neither is left, then read state_dict() and config')
 def save_checkpoint_unwraps_ddp_and_compile(impl):
     """A model wrapped by DistributedDataParallel (keys 'module.'), torch.compile ('_orig_mod.') or both is
@@ -252,7 +252,7 @@ def save_checkpoint_unwraps_ddp_and_compile(impl):
                          dataclasses.asdict(model.config))
 
 
-@check("save_checkpoint", hidden=True)
+@check("save_checkpoint", objective="unwrap", hidden=True)
 @names_the_rule("every rank validates; only rank 0 (dist.get_rank() == 0) writes; world_size is the process group's size")
 def save_checkpoint_writes_on_rank_0_only(impl):
     """Under torch.distributed only rank 0 writes (every rank holds the same state); it records world_size."""

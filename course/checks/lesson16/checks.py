@@ -39,7 +39,7 @@ def count_hint(labels: torch.Tensor, got) -> str:
     return ""
 
 
-@check("count_loss_units")
+@check("count_loss_units", objective="loss_units")
 def count_loss_units_sees_the_shift(impl):
     """Counts labels[..., 1:] != -100: position 0 is never a target, -100 anywhere never counts."""
     cases = [
@@ -78,7 +78,7 @@ def count_loss_units_rejects_bad_labels(impl):
 SPLIT_ARGUMENTS = ("samples", "global_batch_size", "accumulation_steps")
 
 
-@check("split_global_batch")
+@check("split_global_batch", objective="global_batch")
 def split_global_batch_micro_sizes(impl):
     """8 samples, global 8 / accum 4 -> four micro-batches of 2, in order; short tails split over what remains;
     any sequence of samples (a tuple, a range) gives a list of lists."""
@@ -118,7 +118,7 @@ def split_global_batch_fails_fast(impl):
                       arguments=SPLIT_ARGUMENTS)
 
 
-@check("steps_per_epoch")
+@check("steps_per_epoch", objective="global_batch")
 def steps_per_epoch_is_ceil(impl):
     """ceil(samples / global batch): a short tail is one more update; exact for counts above 2**53 too."""
     for count, global_batch, expected in [(160, 8, 20), (161, 8, 21), (20, 8, 3), (7, 8, 1), (0, 8, 0), (8, 1, 8),

@@ -18,7 +18,7 @@ LEGACY_EPOCH_END = {"epoch": 0, "step": 27, "batch_size": 6, "accum_steps": 4, "
 LEGACY_KEYS = ("batch_size_semantics", "batch_size", "sample_count", "accum_steps", "step", "epoch")
 
 
-@check("migrate_train_state")
+@check("migrate_train_state", objective="migration")
 def migrate_legacy_state_to_global_semantics(impl):
     """Legacy micro-batch 2 x accum 4, 7 micro-steps done -> global 8, update 1 (the last boundary), 3 dropped."""
     original = dict(LEGACY)
@@ -79,7 +79,7 @@ def migrated_or_fail(impl, state: dict, fields: tuple, expected: tuple) -> dict:
         fail(f"migrate_train_state({state}): {fields}", f"ValueError: {exc}", expected)
 
 
-@check("migrate_train_state", hidden=True)
+@check("migrate_train_state", objective="migration", hidden=True)
 def migrate_resumes_an_epoch_end_at_the_next_epoch(impl):
     """step == ceil(sample_count / batch_size) was saved after the epoch's tail flush: resume at update 0 of the
     next epoch with nothing dropped; one micro-step earlier is mid-epoch; past the end is a ValueError naming step."""
@@ -115,7 +115,7 @@ def migrate_fills_documented_legacy_defaults(impl):
                      tuple(migrated.get(k) for k in fields), (0, 0, 1, 4, 0))
 
 
-@check("migrate_train_state", hidden=True)
+@check("migrate_train_state", objective="migration", hidden=True)
 def migrate_handles_legacy_boundaries(impl):
     """Legacy states at the edges of their range: one-sample micro-batches and epochs, accum_steps 1 (no micro-step
     is ever dropped), step 0, a window longer than the epoch, the epoch's end with and without a partial window."""

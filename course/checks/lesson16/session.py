@@ -20,7 +20,7 @@ from .session_updates import expect_sgd_step, expect_update_gradient
 
 # --- TrainingSession: the update boundary ---------------------------------------------------
 
-@check("TrainingSession")
+@check("TrainingSession", objective="update_boundary")
 def session_two_microsteps_one_optimizer_step(impl):
     """K=2: the first micro-step reports no update and leaves parameters alone; the second steps exactly once."""
     session = new_session(impl, 2)
@@ -48,7 +48,7 @@ def session_two_microsteps_one_optimizer_step(impl):
                      [n for n, p in session.model.named_parameters() if p.grad is not None], [])
 
 
-@check("TrainingSession")
+@check("TrainingSession", objective="update_boundary")
 def session_force_update_commits_a_tail(impl):
     """K=4 but only 2 micro-batches left: force_update on the second commits them as one update."""
     session = new_session(impl, 4)
@@ -62,7 +62,7 @@ def session_force_update_commits_a_tail(impl):
     expect_equal("session.microsteps_accumulated after the tail", session.microsteps_accumulated, 0)
 
 
-@check("TrainingSession")
+@check("TrainingSession", objective="token_weighting")
 def session_global_normalization_matches_one_backward(impl):
     """Unequal valid tokens per micro-batch (29, 10, 2, 1): accumulated gradient == one global-batch backward."""
     batches = masked_micro_batches()
@@ -85,7 +85,7 @@ def gradient_norm(grads: dict) -> float:
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
 
 
-@check("TrainingSession")
+@check("TrainingSession", objective="clipping")
 def session_grad_norm_is_pre_clip(impl):
     """clip_grad_norm > 0: the reported norm is the pre-clip norm of the global-batch gradient."""
     batches = masked_micro_batches()
@@ -95,7 +95,7 @@ def session_grad_norm_is_pre_clip(impl):
                  gradient_norm(expected), rtol=1e-5)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="clipping", hidden=True)
 def session_clips_the_update(impl):
     """One SGD update per (clip_grad_norm, lr): clipped hard (0.01), to half the norm, not at all (a bound far
     above the norm) and off (0): the step is -lr * g * min(1, clip / (||g|| + 1e-6)) (clip_grad_norm_'s
@@ -115,7 +115,7 @@ def session_clips_the_update(impl):
                          norm if clip > 0 else None, rtol=1e-5)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="clipping", hidden=True)
 def session_optimizer_over_part_of_the_model(impl):
     """An optimizer over the model's norm weights only (its matrices trainable, not optimized), K=1: the clip norm
     is over model.parameters(), all of them; closing the update, and aborting one, leaves every .grad of the
@@ -245,7 +245,7 @@ def session_rejects_an_optimizer_on_other_tensors(impl):
                           "optimizer", arguments=SESSION_ARGUMENTS)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="failure_safety", hidden=True)
 def session_abort_discards_the_update(impl):
     """before_update -> True: no step, parameters unchanged; the next update does not reuse those gradients.
     With an enabled GradScaler (scale 2**10) before_update sees the gradients still scaled (it runs before
@@ -276,7 +276,7 @@ def session_abort_discards_the_update(impl):
         expect_equal("optimizer_step after the update that follows an abort", session.optimizer_step, 1)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="failure_safety", hidden=True)
 def session_error_invalidates_the_accumulation(impl):
     """A step_fn error mid-update: later calls raise until reset_accumulation(); then a clean update follows."""
     batches = masked_micro_batches()
@@ -316,7 +316,7 @@ def session_error_invalidates_the_accumulation(impl):
                          rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="failure_safety", hidden=True)
 def session_error_anywhere_invalidates_the_accumulation(impl):
     """Not only step_fn: an error in backward, in before_update or in after_update also makes the next call
     raise AccumulationInvalidError (naming reset_accumulation) until reset_accumulation(); so does a
@@ -354,7 +354,7 @@ def session_error_anywhere_invalidates_the_accumulation(impl):
                      reports[-1].parameters_updated, True)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="update_boundary", hidden=True)
 def session_after_update_runs_after_step_before_zero_grad(impl):
     """after_update sees the new parameters and the update's gradients still in place."""
     session = new_session(impl, 2)
@@ -369,7 +369,7 @@ def session_after_update_runs_after_step_before_zero_grad(impl):
     expect_equal("after_update observations", seen, {"params_changed": True, "grads_present": True})
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="update_boundary", hidden=True)
 def session_sets_lr_and_normalization_is_fixed_per_update(impl):
     """options.lr lands in every param group, 0.0 (a schedule's end) included: that update leaves the parameters
     as they were; normalization_units may not change inside an update."""

@@ -32,7 +32,7 @@ def overflowing(session, poisoned: bool = True):
             hook.remove()
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="on_device", hidden=True)
 def session_keeps_loss_sums_on_device(impl):
     """No tensor -> host conversion or copy (.item(), float(), bool(), .tolist(), .cpu(), .numpy()) on micro-steps
     inside an update."""
@@ -78,7 +78,7 @@ def session_uses_no_sync_before_the_last_microstep(impl):
                      model.forward_log, [True, True, False])
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="mixed_precision", hidden=True)
 def session_amp_scaler_overflow_and_unscale_before_clip(impl):
     """Enabled GradScaler('cpu'): the pre-clip norm is the UNSCALED one; an inf gradient skips the step
     (parameters_updated False, overflow_skipped True, scale halved) and the next update steps."""
@@ -107,7 +107,7 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
                  (report.parameters_updated, session.optimizer_step), (True, 2))
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="mixed_precision", hidden=True)
 def session_skipped_update_calls_no_after_update(impl):
     """An update the GradScaler skips (inf gradient) does not run after_update; the next one does, once."""
     calls = []
@@ -121,7 +121,7 @@ def session_skipped_update_calls_no_after_update(impl):
              "hint: after_update runs only when the optimizer stepped: never on an update the GradScaler skipped")
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="mixed_precision", hidden=True)
 def session_scaler_growth_is_no_skip(impl):
     """GradScaler('cpu', growth_interval=1) doubles its scale after every clean step: a scale that GREW is no
     skip (only a lower scale is); every update steps, runs after_update and reports the unscaled norm."""
@@ -142,7 +142,7 @@ def session_scaler_growth_is_no_skip(impl):
                      (True, False, 2, [1, 2], 2.0 ** 10))
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="mixed_precision", hidden=True)
 def session_skip_detection_follows_any_scaler_factors(impl):
     """GradScaler('cpu', growth_interval=1) with factors other than the defaults (backoff 0.5 and growth 2: the
     checks above) on both sides of them (backoff 0.25 / growth 4, backoff 0.75 / growth 1.5), K=1: a clean update,
@@ -189,7 +189,7 @@ def session_runs_every_backward(impl):
                      "one closing the first)", backwards, [1, 0, 0, 1])
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="on_device", hidden=True)
 def session_accumulates_detached_loss_sums(impl):
     """A step_fn whose loss_sum still carries its graph: the session keeps loss_sum.detach(), so no micro-step's
     graph stays alive in the update's total (state().loss_sum, the report's loss_sum); the tensors step_fn
@@ -220,7 +220,7 @@ def session_accumulates_detached_loss_sums(impl):
                      [float(tensor.detach()) for tensor, _ in returned], [float(value) for _, value in returned])
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="mixed_precision", hidden=True)
 def session_runs_step_fn_under_autocast(impl):
     """autocast=torch.autocast('cpu', bfloat16): the step_fn runs inside it."""
     dtypes = []
@@ -236,7 +236,8 @@ def session_runs_step_fn_under_autocast(impl):
     expect_equal("optimizer_step after a bf16 update", session.optimizer_step, 1)
 
 
-@check("TrainingSession", hidden=True, uses=("count_loss_units", "split_global_batch", "steps_per_epoch"))
+@check("TrainingSession", objective="token_weighting", hidden=True,
+       uses=("count_loss_units", "split_global_batch", "steps_per_epoch"))
 def session_drives_the_text_run(impl):
     """The run driver with this implementation: 20 samples (labels masked from a per-sample cut), global 8 /
     accum 4 -> updates of 8, 8, 4 samples (4, 4, 2 micro-steps), one optimizer step each, each normalized by its

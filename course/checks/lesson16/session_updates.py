@@ -116,7 +116,7 @@ def _update(session, batches, *, units=None, lr=None, clip=0.0, force_last=True,
     return reports, [(r.parameters_updated, r.optimizer_step, r.microsteps_accumulated, r.aborted) for r in reports]
 
 
-@check("TrainingSession")
+@check("TrainingSession", objective="update_boundary")
 def session_k1_every_microstep_is_an_update(impl):
     """K=1: every micro-step closes its own update without force_update, normalized by its own units (down to
     normalization_units=1, the smallest allowed)."""
@@ -135,7 +135,7 @@ def session_k1_every_microstep_is_an_update(impl):
         expect_equal(f"K=1, update {i + 1}: loss_units", reports[-1].loss_units, batch.loss_units)
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="token_weighting", hidden=True)
 def session_weights_by_gradient_units(impl):
     """A step_fn whose gradient_units is not its loss_units (naive_mean_step: the micro-batch MEAN counts as 1
     unit, loss_units = its n_k valid targets), normalization_units = K: the update's gradient is the sum of
@@ -160,7 +160,7 @@ def session_weights_by_gradient_units(impl):
                          report.loss_units, sum(b.loss_units for b in batches[:k]))
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession", objective="update_boundary", hidden=True)
 def session_consecutive_updates_start_clean(impl):
     """K=3, four updates in a row, each starting from a clean state: 3 micro-steps at the optimizer's lr; a tail
     of 2 (force_update) at lr 0.025 whose first micro-batch has no valid target; an aborted one; 3 micro-steps

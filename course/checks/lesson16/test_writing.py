@@ -54,7 +54,7 @@ WRONG_TOKEN_WEIGHTINGS = (
 )
 
 
-@check("test_token_weighted_matches_global_batch", slow=True)
+@check("test_token_weighted_matches_global_batch", objective="test_writing", slow=True)
 def token_weighted_test_passes_correct_and_fails_wrong(impl):
     """Your test passes the correct token-weighted accumulation (course/runs/accumulation.py, and the same in
     float64) and raises AssertionError on each of 4 wrong ones: the mean of micro-batch means, a count with the
