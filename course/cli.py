@@ -76,6 +76,7 @@ def _result_row(lesson_id: str, result) -> dict:
     message = (f"{result.tier}: python -m course check {lesson_id} --all grades it" if result.status == SKIP
                else describe(problem) if problem else "")
     return {"status": result.status, "message": message,
+            "warnings": list(dict.fromkeys(w for r in result.checks for w in r.warnings)),
             "checks": [{"check": r.check, "status": r.status, "seconds": round(r.seconds, 3), "message": r.message}
                        for r in result.checks]}
 
@@ -105,6 +106,8 @@ def print_table(report: dict, lesson_text: str) -> None:
             if row["status"] not in (PASS, SKIP):
                 for line in row["message"].splitlines()[:8]:
                     print(f"      {line}")
+            for warning in row["warnings"]:
+                print(f"      warning (not graded): {warning}")
     if report["hints_used"]:
         count = len(hints.LEVELS)
         print("  hints used: " + ", ".join(f"{name} {level}/{count}" for name, level in report["hints_used"].items()))

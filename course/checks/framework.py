@@ -11,6 +11,7 @@ import math
 import re
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -193,6 +194,7 @@ class CheckResult:
     status: str
     message: str = ""
     seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)   # what the code under test warned, shown, never graded
 
 
 # --- running checks ------------------------------------------------------------------------
@@ -202,7 +204,18 @@ def _todo_message(exc: NotImplementedError) -> str:
 
 
 def run_check(check: Check, module: ModuleType) -> CheckResult:
+    """Run one check; its warnings are recorded (shown to the student on stdout), never raised or printed on
+    stderr: a warning is no verdict (a check that grades warning hygiene records them itself)."""
     start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = _verdict(check, module)
+    result.seconds = time.perf_counter() - start
+    result.warnings = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    return result
+
+
+def _verdict(check: Check, module: ModuleType) -> CheckResult:
     try:
         check.run(module)
     except NotImplementedError as exc:
@@ -214,7 +227,7 @@ def run_check(check: Check, module: ModuleType) -> CheckResult:
         status, message = FAIL, f"{check.name} raised {type(exc).__name__}: {exc}\n{tail}"
     else:
         status, message = PASS, ""
-    return CheckResult(check.name, check.exercise, status, message, time.perf_counter() - start)
+    return CheckResult(check.name, check.exercise, status, message)
 
 
 
