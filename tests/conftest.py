@@ -100,6 +100,8 @@ def _groups(items) -> dict[str, str]:
             group = "notebooks"
         elif item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
             group = "main job"
+        elif item.path.name in ("test_hint_rules.py", "test_lesson16_rule_hints.py"):   # read the mistakes' results
+            group = "test_mistakes.py"                                                   # (tests/mistake_results.py)
         else:
             group = item.path.name
         groups[item.nodeid] = group

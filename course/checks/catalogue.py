@@ -56,6 +56,7 @@ class Mistake:
     old: str
     new: str
     caught_by: str = ""
+    rule: str = ""          # words the failure's hint must contain: it names this mistake's rule, not another's
     lesson: str = ""
     module_file: str = ""
 
@@ -85,9 +86,11 @@ class Mistake:
         return replace(self, lesson=lesson_id, module_file=module_file)
 
 
-def mistake(name: str, description: str, function: str, old: str, new: str, caught_by: Callable) -> Mistake:
-    """A wrong variant of ``function`` in the reference that the check ``caught_by`` must FAIL."""
-    return Mistake(name, description, function, old, new, caught_by.__name__)
+def mistake(name: str, description: str, function: str, old: str, new: str, caught_by: Callable,
+            rule: str = "") -> Mistake:
+    """A wrong variant of ``function`` in the reference that the check ``caught_by`` must FAIL; ``rule``: words
+    the failure's ``hint:`` must contain (it leads the student to this mistake's rule)."""
+    return Mistake(name, description, function, old, new, caught_by.__name__, rule)
 
 
 def equivalent(name: str, description: str, function: str, old: str, new: str) -> Mistake:
