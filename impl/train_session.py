@@ -60,9 +60,10 @@ class TrainingSession:
     ``train_step(batch, options, step_fn)`` runs one micro-step: ``step_fn(model, batch)``, under ``autocast``,
     returns a ``TrainingStepOutput`` whose loss is already divided by its ``gradient_units``; weight it by
     ``gradient_units / options.normalization_units`` so that the update equals one backward of the whole
-    global batch. The update closes at the K-th micro-step or on ``options.force_update``: unscale, clip to
-    ``options.clip_grad_norm`` (0: no clipping), ``before_update`` (True aborts), the optimizer step (an enabled
-    scaler skips an overflowing one), ``after_update``, the scaler's update, the gradients cleared.
+    global batch. The update closes at the K-th micro-step or on ``options.force_update``: ``before_update``
+    (True aborts it), unscale, clip to ``options.clip_grad_norm`` (0: no clipping), the optimizer step (an
+    enabled scaler skips an overflowing one), ``after_update`` (after a step that happened), the gradients
+    cleared.
     ``options.lr``, when given, goes into every param group. The ``TrainingStepReport`` says whether the
     parameters were updated, ``optimizer_step``, ``microsteps_accumulated`` and, on the closing micro-step, the
     update's ``loss_sum`` (detached, still on the device), ``loss_units`` and ``grad_norm`` (before clipping).
