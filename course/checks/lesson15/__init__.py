@@ -14,10 +14,14 @@ LESSON = Lesson(
     title="Checkpoint and exact resume",
     module="checkpoint",
     exercises=[
-        Exercise("SkipBatchSampler", "15 §5.1", points=2, hidden_points=1),
-        Exercise("save_checkpoint", "15 §5.2", points=2, hidden_points=2),
-        Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),
-        Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),
+        # the points follow the objectives each grade cell grades (visible | hidden)
+        Exercise("SkipBatchSampler", "15 §5.1", points=1, hidden_points=1),  # skip_batches | a reshuffled order
+        Exercise("save_checkpoint", "15 §5.2", points=2, hidden_points=3),   # full_state, unwrap |
+        #                                          atomic_save (the crash, the directory and fsync), update_boundary,
+        #                                          one_writer
+        Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),   # full_state, safe_load |
+        #                                          refuse_foreign, world_size (the whole GradScaler: full_state)
+        Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),   # exact_resume | with a GradScaler
     ],
     objectives={
         "skip_batches": "a resumed epoch yields exactly the batches not yet trained, in the epoch's order, the last "
