@@ -15,8 +15,9 @@ from .loading import (load_checkpoint_names_the_path_and_the_problem, load_check
                       load_checkpoint_restores_the_whole_grad_scaler)
 from .resume import (exact_resume_fp32, exact_resume_with_grad_scaler, resume_position_cases,
                      resume_position_rejects_bad_arguments)
-from .saving import (save_checkpoint_cleans_up_after_a_failure, save_checkpoint_creates_the_directory_and_uses_os_replace,
-                     save_checkpoint_is_atomic, save_checkpoint_leaves_its_inputs_unchanged,
+from .saving import (save_checkpoint_cleans_up_after_a_failure,
+                     save_checkpoint_creates_the_directory_and_uses_os_replace, save_checkpoint_is_atomic,
+                     save_checkpoint_leaves_its_inputs_unchanged,
                      save_checkpoint_refuses_every_pending_gradient_with_a_value_error,
                      save_checkpoint_refuses_pending_gradients, save_checkpoint_rejects_bad_counters,
                      save_checkpoint_stores_every_extra, save_checkpoint_unwraps_ddp_and_compile,
@@ -150,8 +151,8 @@ CORE_MISTAKES = [
         rule="restore the GradScaler's whole state"),
     mistake("restarts_the_growth_tracker", "restores the scale but not the growth tracker: the scale grows at "
         "other steps than in the uninterrupted run", "load_checkpoint", LOAD_SCALER,
-        '        scaler.load_state_dict(dict(checkpoint["scaler"], _growth_tracker=0))\n', exact_resume_with_grad_scaler,
-        rule="its growth tracker"),
+        '        scaler.load_state_dict(dict(checkpoint["scaler"], _growth_tracker=0))\n',
+        exact_resume_with_grad_scaler, rule="its growth tracker"),
 ]
 
 HARDENING_MISTAKES = [
