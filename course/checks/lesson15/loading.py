@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from course.minimind.model import MiniMindForCausalLM
 from course.minimind.trainer_utils import lm_checkpoint
 from course.runs import save_objects, training_objects
 from course.runs.eager import eager
@@ -86,15 +87,13 @@ def load_checkpoint_restores_the_whole_grad_scaler(impl):
     """A GradScaler with non-default growth_factor, backoff_factor and growth_interval, saved between two
     growths, loaded into a default one: its state_dict equals the saved one, and it grows and backs off at the
     same updates by the same factors as the saved scaler."""
-    with good_checkpoint(impl) as (_, _, tmp, good):
-        saved = torch.load(good, weights_only=True)
+    with good_checkpoint(impl) as (objects, _, tmp, _):
         target = training_objects(RESUME_BASE.with_(scaler_enabled=True))
-        path = Path(tmp) / "tuned_scaler.pth"
         for init_scale, growth, backoff, interval in SCALER_SETTINGS:
             tuned = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth, backoff_factor=backoff,
                                          growth_interval=interval)
             scale_schedule(tuned)  # its scale and growth tracker move off their initial values
-            torch.save(dict(saved, scaler=tuned.state_dict()), path)
+            path = save_with(impl, Path(tmp) / "tuned_scaler.pth", objects, scaler=tuned)
             where = (f"a GradScaler(growth_factor={growth}, backoff_factor={backoff}, growth_interval={interval}) "
                      "loaded into a default one")
             expect_works(f"load_checkpoint of {where}", lambda: impl.load_checkpoint(
@@ -193,9 +192,17 @@ class ForeignFile:
     rule: str
 
 
-def foreign_files(impl, tmp: str, objects, saved: dict):
-    """The lesson's list (§5.3): a weights-only file, fp16 weights (upstream's resume file), another model's
-    shapes or config, another optimizer's state, an empty scaler state for an enabled scaler."""
+def save_with(impl, path: Path, objects, **replaced) -> Path:
+    """``impl.save_checkpoint`` of ``objects`` at (0, 2) with some of them ``replaced`` (another optimizer, say):
+    a file written the way a real run would write it."""
+    save_objects(impl, path, dataclasses.replace(objects, **replaced), 0, 2)
+    return path
+
+
+def foreign_files(impl, tmp: str, objects):
+    """The lesson's list (§5.3), each file written as a real run would write it: a weights-only file, fp16
+    weights (upstream's resume file), another model's shapes or config, another optimizer's state, no scaler
+    state for an enabled scaler."""
     tmp = Path(tmp)
     parameter_names = tuple(objects.model.state_dict())
     weights = tmp / "weights.pth"
@@ -214,39 +221,38 @@ def foreign_files(impl, tmp: str, objects, saved: dict):
     config = dataclasses.asdict(objects.model.config)
     for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3),
                   RESUME_BASE.with_(hidden_size=48)):
-        other_file = tmp / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth"
         other_objects = training_objects(other)
-        save_objects(impl, other_file, other_objects, 0, 0)
+        other_file = save_with(impl, tmp / f"other_{other.hidden_size}_{other.num_hidden_layers}_{other.use_moe}.pth",
+                               other_objects)
         other_config = dataclasses.asdict(other_objects.model.config)
         differing = tuple(k for k in config if other_config.get(k) != config[k])
         yield ForeignFile(f"a checkpoint of another model (hidden_size={other.hidden_size}, "
                           f"layers={other.num_hidden_layers}, use_moe={other.use_moe})", other_file, RESUME_BASE,
                           (differing + parameter_names,), "another model: compare model_config with "
                           "dataclasses.asdict(model.config), and the model keys and shapes")
-    rope = tmp / "other_rope_theta.pth"
-    torch.save(dict(saved, model_config=dict(saved["model_config"], rope_theta=1e4)), rope)
-    yield ForeignFile("a checkpoint whose model_config has rope_theta=1e4 (the model: 1e6), the same shapes", rope,
+    with torch.random.fork_rng(devices=[]):  # its initialisation leaves the global RNG where it was
+        rope_model = MiniMindForCausalLM(dataclasses.replace(objects.model.config, rope_theta=1e4))
+    rope = save_with(impl, tmp / "other_rope_theta.pth", objects, model=rope_model,
+                     optimizer=eager(torch.optim.AdamW)(rope_model.parameters()))
+    yield ForeignFile("a checkpoint of a model with rope_theta=1e4 (this one: 1e6), the same shapes", rope,
                       RESUME_BASE, ("rope_theta",), "compare the whole model_config with dataclasses.asdict("
                       "model.config), not only the shapes: rope_theta shows in no shape")
     params = list(objects.model.parameters())
-    group = saved["optimizer"]["param_groups"][0]
-    for what, optimizer_state, rule in (
-            ("an SGD state for an AdamW optimizer", eager(torch.optim.SGD)(params).state_dict(),
+    for what, optimizer, rule in (
+            ("an SGD state for an AdamW optimizer", eager(torch.optim.SGD)(params),
              "another optimizer type: compare the hyper-parameter keys of the saved param groups with "
              "optimizer.param_groups'"),
             ("the state of an AdamW over the same parameters in 2 param groups (decay / no decay)",
-             eager(torch.optim.AdamW)([{"params": params[:2]}, {"params": params[2:]}]).state_dict(),
+             training_objects(RESUME_BASE.with_(two_param_groups=True)).optimizer,
              "another optimizer: compare the number of param groups and of parameters in each"),
-            ("the state of an AdamW without the last parameter (frozen)",
-             {"state": {i: v for i, v in saved["optimizer"]["state"].items() if i != group["params"][-1]},
-              "param_groups": [dict(group, params=group["params"][:-1])]},
+            ("the state of an AdamW without the last parameter (frozen)", eager(torch.optim.AdamW)(params[:-1]),
              "another optimizer: compare the number of param groups and of parameters in each")):
-        other_optimizer = tmp / f"optimizer_{len(what)}.pth"
-        torch.save(dict(saved, optimizer=optimizer_state), other_optimizer)
+        other_optimizer = save_with(impl, tmp / f"optimizer_{len(what)}.pth", objects, optimizer=optimizer)
         yield ForeignFile(what, other_optimizer, RESUME_BASE, ("optimizer",), rule)
     yield ForeignFile("a checkpoint of a run without a GradScaler (its state {}) into an enabled GradScaler",
-                      tmp / "good.pth", RESUME_BASE.with_(scaler_enabled=True), ("scaler",),
-                      "an enabled scaler needs a non-empty saved scaler state (a disabled GradScaler saves {})")
+                      save_with(impl, tmp / "no_scaler.pth", objects), RESUME_BASE.with_(scaler_enabled=True),
+                      ("scaler",), "an enabled scaler needs a non-empty saved scaler state (a disabled GradScaler "
+                      "saves {})")
 
 
 @check("load_checkpoint", objective="refuse_foreign", hidden=True, uses=("save_checkpoint",))
@@ -255,9 +261,8 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
     """A weights-only file, upstream's fp16 resume file, another model's checkpoint (other shapes, or only another
     rope_theta), another optimizer's state (SGD, other param groups, other parameters), an empty scaler state for
     an enabled scaler: the load is refused (any error), and model, optimizer and scaler are as before."""
-    with good_checkpoint(impl) as (objects, _, tmp, good):
-        saved = torch.load(good, weights_only=True)
-        for foreign in foreign_files(impl, tmp, objects, saved):
+    with good_checkpoint(impl) as (objects, _, tmp, _):
+        for foreign in foreign_files(impl, tmp, objects):
             target = training_objects(foreign.scenario)
             before = snapshot(target)
             where = f"load_checkpoint of {foreign.what}"
@@ -277,9 +282,8 @@ def load_checkpoint_rejects_foreign_checkpoints(impl):
                 "the offending key (a missing key, the parameter, a config field, optimizer, scaler)")
 def load_checkpoint_names_the_path_and_the_problem(impl):
     """The core's foreign files again: each refusal is a ValueError naming the path and what is wrong."""
-    with good_checkpoint(impl) as (objects, _, tmp, good):
-        saved = torch.load(good, weights_only=True)
-        for foreign in foreign_files(impl, tmp, objects, saved):
+    with good_checkpoint(impl) as (objects, _, tmp, _):
+        for foreign in foreign_files(impl, tmp, objects):
             expect_refused(impl, f"load_checkpoint of {foreign.what}", foreign.path, training_objects(foreign.scenario),
                            ValueError, [str(foreign.path), *foreign.mentions])
 
@@ -405,11 +409,19 @@ RESCALES = (  # (saved world size, saved step, world_size argument, the step ret
     (2, 2, None, 4), (2, 3, (0, 4), 1), (4, 1, (0, 2), 2))
 
 
-def rescaled_steps(impl, path, good: dict):
-    """(what, the step load_checkpoint returned, the expected one, the hint for a wrong one) of each of RESCALES."""
+PROCESS_GROUP = "the current process group's size: dist.get_world_size() when dist.is_initialized(), else 1"
+
+
+def rescaled_steps(impl, path, objects):
+    """(what, the value, the expected one, the hint for a wrong one) of the world size each file of RESCALES
+    records (saved by ``impl.save_checkpoint`` on rank 0 of the saved world size) and of the step load_checkpoint
+    returns for it."""
     fresh = training_objects(RESUME_BASE)  # each load overwrites all of it
     for saved_world_size, step, world_size, expected in RESCALES:
-        torch.save(dict(good, world_size=saved_world_size, step=step), path)
+        with fake_rank(0, saved_world_size):
+            save_objects(impl, path, objects, 0, step)
+        yield (f"world_size saved by rank 0 of {saved_world_size}", torch.load(path, weights_only=True)["world_size"],
+               saved_world_size, f"{PROCESS_GROUP}, on saving as on loading")
         in_group = isinstance(world_size, tuple)
         with fake_rank(*world_size) if in_group else contextlib.nullcontext():
             checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler,
@@ -417,8 +429,7 @@ def rescaled_steps(impl, path, good: dict):
         current = world_size[1] if in_group else world_size or 1
         got = checkpoint["step"]
         if in_group and got == step * saved_world_size:
-            hint = ("world_size=None is the current process group's size: dist.get_world_size() when "
-                    "dist.is_initialized(), else 1")
+            hint = f"world_size=None is {PROCESS_GROUP}"
         elif got == step and saved_world_size != current:
             hint = "when the world size changed, rescale the step: step * saved_world_size // world_size"
         elif got == round(step * saved_world_size / current):
@@ -436,9 +447,8 @@ def rescaled_steps(impl, path, good: dict):
 def load_checkpoint_rescales_step_for_world_size(impl):
     """Upstream's rule: step * saved_world_size // world_size when the world size changed (more ranks and
     fewer); world_size=None is the current process group's size (1 without one)."""
-    with good_checkpoint(impl) as (_, _, _, path):
-        good = torch.load(path, weights_only=True)
-        for what, got, expected, hint in rescaled_steps(impl, path, good):
+    with good_checkpoint(impl) as (objects, _, tmp, _):
+        for what, got, expected, hint in rescaled_steps(impl, Path(tmp) / "rescaled.pth", objects):
             if got != expected:
                 fail(what, got, expected, f"hint: {hint}")
 
@@ -451,7 +461,7 @@ def load_checkpoint_rejects_bad_counters(impl):
     """A saved epoch/step that is not an int >= 0 or world_size not an int >= 1 (True is a bool): ValueError
     naming the path and the key, nothing loaded; a world_size argument that is not an int >= 1 (0, 2.0, True):
     ValueError naming it, nothing loaded; a rescaled step is an int, not a float of the same value."""
-    with good_checkpoint(impl) as (_, target, tmp, good):
+    with good_checkpoint(impl) as (objects, target, tmp, good):
         saved = torch.load(good, weights_only=True)
         for key, value in (("step", -1), ("epoch", 0.5), ("world_size", 0), ("step", "2"), ("step", True)):
             bad = Path(tmp) / f"bad_{key}.pth"
@@ -461,7 +471,7 @@ def load_checkpoint_rejects_bad_counters(impl):
         for world_size in (0, 2.0, True):
             expect_refused(impl, f"load_checkpoint(good checkpoint, world_size={world_size!r})", good, target,
                            ValueError, ["world_size"], world_size=world_size)
-        for what, got, _, _ in rescaled_steps(impl, Path(tmp) / "rescaled.pth", saved):
+        for what, got, _, _ in rescaled_steps(impl, Path(tmp) / "rescaled.pth", objects):
             expect_equal(f"type of the {what}", type(got).__name__, "int")
 
 

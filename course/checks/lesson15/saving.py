@@ -190,8 +190,9 @@ class FileOperations:
             self.calls.append((name, Path(src), Path(dst), (os.stat(src).st_ino, os.stat(src).st_size)))
             return real(src, dst, *args, **kwargs)
 
-        def sync(fd):
-            self.calls.append((name, (os.fstat(fd).st_ino, os.fstat(fd).st_size)))
+        def sync(fd):  # os.fsync takes a descriptor or an object with fileno()
+            number = fd if isinstance(fd, int) else fd.fileno()
+            self.calls.append((name, (os.fstat(number).st_ino, os.fstat(number).st_size)))
             return real(fd)
         return rename if name in self.RENAMES else sync
 
