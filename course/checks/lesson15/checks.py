@@ -55,11 +55,14 @@ CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size"
 def expect_raises_naming(what: str, fn, exc_type, names) -> None:
     """``fn()`` raises ``exc_type`` whose message contains every item of ``names``; an item that is a
     tuple is satisfied by any one of its strings (e.g. any parameter name)."""
-    def wanted(options):
-        shown = " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
+    def shown(options) -> str:
+        return " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
                                                               if len(options) > 3 else "")
-        return f"{exc_type.__name__} naming {shown}"
-    every = tuple(" or ".join(name[:3]) if isinstance(name, tuple) else name for name in names)
+
+    def wanted(options) -> str:
+        return f"{exc_type.__name__} naming {shown(options)}"
+    every = f"{exc_type.__name__} naming " + " and ".join(
+        f"({shown(name)})" if isinstance(name, tuple) else repr(name) for name in names)
     try:
         fn()
     except NotImplementedError:
@@ -72,8 +75,8 @@ def expect_raises_naming(what: str, fn, exc_type, names) -> None:
                      wanted(options))
         return
     except Exception as exc:  # wrong type of error
-        fail(what, f"{type(exc).__name__}: {exc}", wanted(every))
-    fail(what, "no exception", wanted(every))
+        fail(what, f"{type(exc).__name__}: {exc}", every)
+    fail(what, "no exception", every)
 
 
 def expect_works(what: str, fn, expected: str, hint: str = ""):
