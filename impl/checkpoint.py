@@ -38,7 +38,7 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
     The file is a dict that ``torch.load(path, weights_only=True)`` reads: ``model`` (the unwrapped model's
     state_dict, fp32 kept), ``optimizer`` and ``scaler`` (their state_dicts; None without a scaler), ``epoch``,
     ``step``, ``world_size``, ``model_config`` (``dataclasses.asdict(model.config)``) and one entry per extra
-    keyword. A save that fails halfway leaves the previous file as it was (lesson 15 §1.4); a save with
+    keyword. A save that fails halfway leaves the previous file as it was (lesson 15 §1.7); a save with
     gradients still pending (inside an accumulation window) is refused with a ValueError; under
     torch.distributed only rank 0 writes.
     Example: ``save_checkpoint("out/resume.pth", model=m, optimizer=o, scaler=None, epoch=0, step=4)``.

@@ -22,14 +22,14 @@ from stub_copies import untouched_impl
 from mistake_results import mistake_result
 
 from course.checks import get_lesson
-from course.checks.framework import expect_equal
+from course.checks.framework import HARDENING, expect_equal
 from course.checks.lesson15.checks import compare_resumed
 from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind.train_pretrain import build_training
 from course.minimind.trainer_utils import SkipBatchSampler as UpstreamSkipBatchSampler
 from course.minimind.trainer_utils import lm_checkpoint
-from course.runs import (LoopScenario, RunResult, compute_oracle, full_epoch_batches, resume_and_finish, run_oracle, run_oracle_epoch,
-                         save_objects, train_until, training_objects)
+from course.runs import (LoopScenario, RunResult, compute_oracle, full_epoch_batches, resume_and_finish, run_oracle,
+                         run_oracle_epoch, save_objects, train_until, training_objects)
 from course.runs.scenarios import RESUME_BASE, RESUME_FP32, RESUME_SCALER
 
 ROOT = REPO_ROOT
@@ -261,97 +261,73 @@ def test_stage_assembly_creates_out_dir_for_any_save_checkpoint(tmp_path, capsys
 
 
 # --- failure messages name the broken rule --------------------------------------------------------
+# A core mistake states its rule in the catalogue (``rule=``, tests/test_hint_rules.py); a hardening mistake's rule
+# is listed here: its failure names the convention it breaks, too.
 
-@pytest.mark.parametrize("mistake_name, rule", [
-    ("drops_optimizer_state", "the whole AdamW state (moments and step count)"),
-    ("forgets_the_scaler", "its scale AND its growth tracker"),
-    ("restarts_the_growth_tracker", "its scale AND its growth tracker"),
-    ("saves_fp16_weights", "fp32 stays fp32"),
-    ("stores_extra_objects_raw", "an extra with a state_dict() is stored by it"),
-    ("does_not_skip_trained_batches", "minus the first skip_batches"),
-    ("drops_final_partial_batch", "the last, short batch is kept"),
-    ("reuses_one_batch_list", "every batch is a new list"),
-    ("default_skips_a_batch", "(default 0)"),
-    ("copies_indices_once", "read indices afresh on every pass"),
-    ("accepts_a_negative_batch_size", "then batch_size (an int >= 1"),
-    ("skip_bound_rounds_up_a_full_epoch", "an int in [0, ceil(N / batch_size)]"),
-    ("unsized_indices_unnamed", "check indices (sized, else TypeError)"),
-    ("non_atomic_write", "write to a temporary file in the same directory"),
-    ("cleanup_skips_keyboard_interrupt", "every other BaseException included (catch BaseException)"),
-    ("saves_mid_accumulation", "save only at an update boundary"),
-    ("zero_grads_count_as_pending", "a zero gradient is not a pending one"),
-    ("temp_file_in_system_tmp", "an atomic rename only within one file system"),
-    ("no_fsync", "os.fsync(handle.fileno()), then os.replace"),
-    ("fsyncs_the_directory_not_the_file", "os.fsync(handle.fileno()), then os.replace"),
-    ("no_parent_directory", "create the parent directory"),
-    ("save_needs_a_path_object", "path may be a str"),
-    ("keeps_wrapper_prefixes", "unwrap .module (DistributedDataParallel) and ._orig_mod"),
-    ("unwraps_ddp_only", "unwrap .module (DistributedDataParallel) and ._orig_mod"),
-    ("every_rank_writes", "only rank 0"),
-    ("other_ranks_skip_validation", "every rank validates"),
-    ("extra_overwrites_checkpoint_keys", "an extra named like a checkpoint key is refused"),
-    ("accepts_float_counters", "1.0 is a float"),
-    ("refuses_step_zero", "0 is valid"),
-    ("weights_only_false", "weights_only=True"),
-    ("accepts_a_file_without_a_dict", "a non-dict"),
-    ("accepts_a_model_entry_of_none", "a model entry that is no dict"),
-    ("loads_model_before_validating", "validate everything before the first load_state_dict"),
-    ("ignores_extra_model_keys", "model keys, shapes and dtypes"),
-    ("optimizer_state_shapes_unchecked", "state shapes (name optimizer"),
-    ("optimizer_group_count_unchecked", "the optimizer's groups"),
-    ("optimizer_groups_compared_pairwise", "the optimizer's groups"),
-    ("checks_only_the_model_key", "each of the six keys"),
-    ("accepts_an_empty_optimizer_entry", "validate everything before the first load_state_dict"),
-    ("optimizer_shapes_checked_for_matrices_only", "state shapes (name optimizer"),
-    ("config_compared_by_shapes_only", "the whole model_config"),
-    ("loads_a_disabled_scaler_state", "an enabled scaler needs a non-empty saved scaler state"),
-    ("no_world_size_rescale", "the floor of step * saved_world_size / world_size"),
-    ("rounds_the_rescaled_step", "the floor of step * saved_world_size / world_size"),
-    ("world_size_ignores_process_group", "world_size=None is the current process group's size"),
-    ("accepts_world_size_zero", "world_size an int >= 1"),
-    ("no_map_location", 'map_location="cpu"'),
-    ("load_needs_a_path_object", "path may be a str"),
-    ("load_needs_a_scaler", "restore only what is given"),
-    ("resumes_one_step_late", "start_step is the number of micro-batches of the epoch already trained"),
-    ("next_epoch_one_step_early", "only step == iters continues at (epoch + 1, 0)"),
-    ("save_leaves_eval_mode", "a save only reads what it is given"),
-    ("save_clears_gradients", "no zero_grad"),
-    ("pending_only_if_every_parameter", "on ANY parameter is pending"),
-    ("pending_checks_first_parameter_only", "on ANY parameter is pending"),
-    ("pending_means_nonzero_sum", "a gradient with any non-zero entry"),
-    ("nan_gradient_not_pending", "NaN and inf included"),
-    ("cleanup_skips_system_exit", "SystemExit and every other BaseException included"),
-    ("drops_none_extras", "one entry per extra keyword, whatever its value"),
-    ("renames_with_os_rename", "os.replace, not os.rename"),
-    ("accepts_a_bool_step", "True a bool"),
-    ("accepts_a_bool_batch_size", "an int >= 1, not a bool"),
-    ("batch_size_checked_before_indices", "check indices (sized, else TypeError), then batch_size"),
-    ("yields_tuples", "every batch is a new list"),
-    ("unreadable_file_narrow_except", "whatever torch.load raises for an unreadable path"),
-    ("directory_reported_missing", "a directory too"),
-    ("world_size_validated_after_loading", "refused before anything is loaded"),
-    ("accepts_a_bool_world_size", "an int >= 1 (not a bool)"),
-    ("scaler_restored_by_hand", "AND hyper-parameters (growth_factor, backoff_factor, growth_interval)"),
-    ("optimizer_state_compared_by_numel", "the same numel is not the same shape"),
-    ("unknown_optimizer_ids_accepted", "no state under unknown ids"),
-    ("model_entries_not_checked_as_tensors", "a non-tensor is refused"),
-    ("config_compared_over_model_fields", "in both directions"),
-    ("resume_position_edits_the_checkpoint", "the checkpoint dict is read, never changed"),
-    ("step_checked_before_iters", "check iters itself"),
-])
-def test_a_broken_rule_is_named(mistake_name, rule):
-    """Each catalogued mistake fails with a hint that names the rule it breaks: the stub docstrings state the
-    contract, so the failure must point back at the rule (the mistake is built from the reference, the message
-    from the check)."""
+HARDENING_RULES = {
+    "accepts_a_negative_batch_size": "then batch_size (an int >= 1",
+    "skip_bound_rounds_up_a_full_epoch": "an int in [0, ceil(N / batch_size)]",
+    "unsized_indices_unnamed": "check indices (sized, else TypeError)",
+    "accepts_a_bool_batch_size": "an int >= 1, not a bool",
+    "batch_size_checked_before_indices": "check indices (sized, else TypeError), then batch_size",
+    "yields_tuples": "yield each batch as a list",
+    "stores_extra_objects_raw": "an extra with a state_dict() is stored by it",
+    "drops_none_extras": "one entry per extra keyword, whatever its value",
+    "cleanup_skips_keyboard_interrupt": "every other BaseException included",
+    "cleanup_skips_system_exit": "SystemExit and every other BaseException included",
+    "no_parent_directory": "path.parent.mkdir(parents=True, exist_ok=True)",
+    "renames_with_os_rename": "os.replace, not os.rename",
+    "other_ranks_skip_validation": "every rank validates",
+    "extra_overwrites_checkpoint_keys": "an extra named like a checkpoint key is refused",
+    "accepts_float_counters": "1.0 is a float",
+    "refuses_step_zero": "0 is valid",
+    "accepts_a_bool_step": "True a bool",
+    "save_leaves_eval_mode": "a save only reads what it is given",
+    "save_clears_gradients": "no zero_grad",
+    "pending_means_nonzero_sum": "a gradient with any non-zero entry",
+    "nan_gradient_not_pending": "NaN and inf included",
+    "refusal_names_no_path": "a ValueError naming the path",
+    "ignores_extra_model_keys": "model keys both ways",
+    "model_entries_not_checked_as_tensors": "every entry a tensor of the model's shape",
+    "config_compared_over_model_fields": "the whole model_config both ways",
+    "accepts_an_empty_optimizer_entry": "the optimizer entry a state_dict",
+    "optimizer_groups_compared_pairwise": "with the same groups",
+    "optimizer_state_shapes_unchecked": "state shapes (the same numel is not the same shape)",
+    "optimizer_shapes_checked_for_matrices_only": "state shapes (the same numel is not the same shape)",
+    "optimizer_state_compared_by_numel": "the same numel is not the same shape",
+    "unknown_optimizer_ids_accepted": "no state under unknown ids",
+    "unreadable_file_narrow_except": "whatever torch.load raises for an unreadable path",
+    "directory_reported_missing": "a directory too",
+    "accepts_a_file_without_a_dict": "a non-dict",
+    "accepts_a_model_entry_of_none": "a model entry that is no dict",
+    "checks_only_the_model_key": "each of the six keys",
+    "accepts_world_size_zero": "world_size an int >= 1",
+    "world_size_validated_after_loading": "refused before anything is loaded",
+    "accepts_a_bool_world_size": "an int >= 1 (not a bool)",
+    "no_map_location": 'map_location="cpu"',
+    "resume_position_edits_the_checkpoint": "the checkpoint dict is read, never changed",
+    "step_checked_before_iters": "check iters itself",
+}
+
+
+def hardening_mistakes() -> list:
     lesson = get_lesson("15")
-    mistake = next(m for m in lesson.mistakes if m.name == mistake_name)
-    check = next(c for c in lesson.checks if c.name == mistake.caught_by)
+    tiers = {c.name: c.tier for c in lesson.checks}
+    return [m for m in lesson.mistakes if tiers[m.caught_by] == HARDENING]
+
+
+@pytest.mark.parametrize("mistake", hardening_mistakes(), ids=lambda m: m.name)
+def test_a_broken_convention_is_named(mistake):
+    """Each hardening mistake fails its check with a message naming the convention it breaks."""
+    rule = HARDENING_RULES.get(mistake.name)
+    assert rule, f"{mistake.name}: no entry in HARDENING_RULES (the words its failure must contain)"
     result = mistake_result(mistake)
-    assert result.status == "FAIL", f"{mistake_name}: {check.name} says {result.status}"
-    assert rule in result.message, f"{mistake_name}\n  ACTUAL: {result.message}\n  EXPECTED: ...{rule}..."
+    assert result.status == "FAIL", f"{mistake.name}: {mistake.caught_by} says {result.status}"
+    assert rule in result.message, f"{mistake.name}\n  ACTUAL: {result.message}\n  EXPECTED: ...{rule}..."
 
 
-def test_every_catalogued_mistake_has_a_named_rule():
-    names = {m.name for m in get_lesson("15").mistakes}
-    covered = {name for name, _ in test_a_broken_rule_is_named.pytestmark[0].args[1]}
-    assert names == covered, f"mistakes without a rule test: {sorted(names - covered)}"
+def test_every_listed_convention_is_a_hardening_mistake():
+    """No stale entry: each name in HARDENING_RULES is a hardening mistake of the catalogue."""
+    names = {m.name for m in hardening_mistakes()}
+    stale = sorted(set(HARDENING_RULES) - names)
+    assert not stale, f"entries of HARDENING_RULES that are no hardening mistake: ACTUAL {stale}, EXPECTED []"

@@ -26,21 +26,27 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _validate_sampler_arguments(indices, batch_size, skip_batches) -> None:
+    """The sampler's argument rules (the hardening tier, lesson 15 §5.5): in the order indices, batch_size,
+    skip_batches, the first bad one is named."""
+    if not isinstance(indices, Sized):
+        raise TypeError(f"indices must be sized and re-iterable (a range, list or Sampler), got a "
+                        f"{type(indices).__name__}: without len() neither the skip nor len(sampler) is defined")
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    total = (len(indices) + batch_size - 1) // batch_size
+    if not _is_int(skip_batches) or not 0 <= skip_batches <= total:
+        raise ValueError(f"skip_batches must be an int in [0, {total}] (the epoch has {total} batches of "
+                         f"{batch_size}), got {skip_batches!r}")
+
+
 class SkipBatchSampler(Sampler):
     """Batches ``indices`` in order, skipping the first ``skip_batches`` full batches (upstream semantics:
     the final partial batch is kept, ``len = ceil(N / batch_size) - skip_batches``). ``indices`` is read
     afresh on every pass (a DistributedSampler reshuffles after ``set_epoch``), so it must be sized."""
 
     def __init__(self, indices, batch_size: int, skip_batches: int = 0):
-        if not isinstance(indices, Sized):
-            raise TypeError(f"indices must be sized and re-iterable (a range, list or Sampler), got a "
-                            f"{type(indices).__name__}: without len() neither the skip nor len(sampler) is defined")
-        if not _is_int(batch_size) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        total = (len(indices) + batch_size - 1) // batch_size
-        if not _is_int(skip_batches) or not 0 <= skip_batches <= total:
-            raise ValueError(f"skip_batches must be an int in [0, {total}] (the epoch has {total} batches of "
-                             f"{batch_size}), got {skip_batches!r}")
+        _validate_sampler_arguments(indices, batch_size, skip_batches)
         self.indices = indices
         self.batch_size = batch_size
         self.skip_batches = skip_batches
@@ -83,6 +89,18 @@ def _model_config(model):
     return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None
 
 
+def _validate_save_arguments(epoch, step, extra: dict) -> None:
+    """The save's argument rules (the hardening tier, lesson 15 §5.5): counters are ints >= 0, no extra
+    overwrites a checkpoint key."""
+    if not _is_int(epoch) or epoch < 0:
+        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+    if not _is_int(step) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    overlap = sorted(set(extra) & {*REQUIRED_KEYS, "model_config"})
+    if overlap:
+        raise ValueError(f"extra keys {overlap} would overwrite the checkpoint's own entries")
+
+
 def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> None:
     """Write a resume checkpoint atomically: a temporary file in the same directory, fsync'd, then
     ``os.replace``; the parent directory is created. Under torch.distributed only rank 0 writes.
@@ -94,18 +112,12 @@ def save_checkpoint(path, *, model, optimizer, scaler, epoch, step, **extra) -> 
     """
     path = Path(path)
     model = _unwrapped(model)
-    if not _is_int(epoch) or epoch < 0:
-        raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-    if not _is_int(step) or step < 0:
-        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    _validate_save_arguments(epoch, step, extra)
     if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):
         raise ValueError(f"cannot save at epoch {epoch} step {step}: the model holds accumulated gradients "
                          "that a checkpoint cannot carry; save only at an update boundary (after "
                          "optimizer.step and zero_grad), i.e. when step is a multiple of accumulation_steps "
                          "or after the tail flush")
-    overlap = sorted(set(extra) & {*REQUIRED_KEYS, "model_config"})
-    if overlap:
-        raise ValueError(f"extra keys {overlap} would overwrite the checkpoint's own entries")
     if dist.is_initialized() and dist.get_rank() != 0:
         return  # every rank holds the same state; one writer, no race on the file
     checkpoint = {
@@ -181,6 +193,26 @@ def _validate_optimizer_state(path, state, optimizer):
                                  f"the parameter {tuple(param.shape)}")
 
 
+def _validate_checkpoint(path, checkpoint, model, optimizer, scaler) -> None:
+    """Everything an exact resume needs of the file, checked against the objects before any of them changes."""
+    if not isinstance(checkpoint, dict):
+        raise _bad(path, f"holds a {type(checkpoint).__name__}, not a resume checkpoint dict")
+    missing = [k for k in REQUIRED_KEYS if k not in checkpoint]
+    if missing:
+        raise _bad(path, f"missing {missing}: a weights file or another format, not a resume checkpoint")
+    for key in ("epoch", "step", "world_size"):
+        if not _is_int(checkpoint[key]) or checkpoint[key] < (1 if key == "world_size" else 0):
+            raise _bad(path, f"{key} is {checkpoint[key]!r}")
+    if not isinstance(checkpoint["model"], dict):
+        raise _bad(path, "model entry is not a state_dict")
+    _validate_model_state(path, checkpoint["model"], model, checkpoint.get("model_config"))
+    if optimizer is not None:
+        _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)
+    if scaler is not None and scaler.is_enabled() and not checkpoint["scaler"]:
+        raise _bad(path, "scaler state is empty (saved from a disabled GradScaler, a run without fp16) but the "
+                         "scaler is enabled")
+
+
 def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None) -> dict:
     """Restore a ``save_checkpoint`` file into ``model`` (and ``optimizer``/``scaler`` when given).
 
@@ -196,30 +228,13 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     except Exception as exc:
         raise _bad(path, f"cannot be read with weights_only=True (truncated, not a torch.save file, or "
                          f"holding arbitrary objects): {type(exc).__name__}: {str(exc)[:200]}") from None
-    if not isinstance(checkpoint, dict):
-        raise _bad(path, f"holds a {type(checkpoint).__name__}, not a resume checkpoint dict")
-    missing = [k for k in REQUIRED_KEYS if k not in checkpoint]
-    if missing:
-        raise _bad(path, f"missing {missing}: a weights file or another format, not a resume checkpoint")
-    for key in ("epoch", "step", "world_size"):
-        if not _is_int(checkpoint[key]) or checkpoint[key] < (1 if key == "world_size" else 0):
-            raise _bad(path, f"{key} is {checkpoint[key]!r}")
-    if not isinstance(checkpoint["model"], dict):
-        raise _bad(path, "model entry is not a state_dict")
-    _validate_model_state(path, checkpoint["model"], model, checkpoint.get("model_config"))
-    if optimizer is not None:
-        _validate_optimizer_state(path, checkpoint["optimizer"], optimizer)
-    scaler_state = checkpoint["scaler"]
-    if scaler is not None and scaler.is_enabled() and not scaler_state:
-        raise _bad(path, "scaler state is empty (saved from a disabled GradScaler, a run without fp16) but the "
-                         "scaler is enabled")
-
+    _validate_checkpoint(path, checkpoint, model, optimizer, scaler)
     current = _world_size(world_size)  # the last refusal: it too comes before anything is loaded
     model.load_state_dict(checkpoint["model"])
     if optimizer is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
-    if scaler is not None and scaler_state:
-        scaler.load_state_dict(scaler_state)
+    if scaler is not None and checkpoint["scaler"]:
+        scaler.load_state_dict(checkpoint["scaler"])
     if checkpoint["world_size"] != current:
         checkpoint["step"] = checkpoint["step"] * checkpoint["world_size"] // current
     return checkpoint

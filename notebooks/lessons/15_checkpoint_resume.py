@@ -49,8 +49,9 @@ torch.set_num_threads(1)
 # ## Exercise 1 — skipping the batches a resumed epoch already trained (lesson 15 §5.1)
 #
 # MiniMind regenerates an epoch's order from its seed, so a resumed run only has to skip the first
-# `step` batches. Upstream's sampler keeps the final partial batch; yours also refuses a skip the
-# epoch cannot have.
+# `step` batches. Like upstream's sampler, yours keeps the final partial batch and reads the order
+# afresh on every pass. The graded objectives are listed in lesson 15 §4.2; the optional hardening
+# cells under each exercise grade the conventions of §5.5 (0 points).
 
 # %%
 # exercise: SkipBatchSampler
@@ -67,7 +68,8 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 3 — loading it back, validating first (lesson 15 §5.3)
 #
-# `weights_only=True`, and every entry checked before the model, optimizer or scaler change.
+# `weights_only=True`, and a file an exact resume cannot start from refused before the model,
+# optimizer or scaler change.
 
 # %%
 # exercise: load_checkpoint

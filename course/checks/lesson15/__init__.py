@@ -14,25 +14,36 @@ LESSON = Lesson(
     title="Checkpoint and exact resume",
     module="checkpoint",
     exercises=[
-        Exercise("SkipBatchSampler", "15 §5.1", points=2, hidden_points=1),
-        Exercise("save_checkpoint", "15 §5.2", points=2, hidden_points=2),
-        Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),
-        Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),
+        # the points follow the objectives each grade cell grades (visible | hidden)
+        Exercise("SkipBatchSampler", "15 §5.1", points=1, hidden_points=1),  # skip_batches | a reshuffled order
+        Exercise("save_checkpoint", "15 §5.2", points=2, hidden_points=3),   # full_state, unwrap |
+        #                                          atomic_save (the crash, the directory and fsync), update_boundary,
+        #                                          one_writer
+        Exercise("load_checkpoint", "15 §5.3", points=2, hidden_points=2),   # full_state, safe_load |
+        #                                          refuse_foreign, world_size (the whole GradScaler: full_state)
+        Exercise("resume_position", "15 §5.4", points=2, hidden_points=1),   # exact_resume | with a GradScaler
     ],
     objectives={
-        "skip_batches": "a resumed epoch skips exactly the micro-batches already trained, in the same order, "
-                        "the last partial batch kept",
+        "skip_batches": "a resumed epoch yields exactly the batches not yet trained, in the epoch's order, the last "
+                        "short batch kept, len counting them, the order read afresh on every pass",
         "full_state": "a checkpoint holds what an exact resume needs (fp32 weights, optimizer and scaler state, "
-                      "counters, world size, model config) and loading restores it bit for bit",
-        "atomic_save": "a save that fails halfway leaves the previous checkpoint intact",
-        "update_boundary": "checkpoints are taken at update boundaries: a save with gradients pending refuses",
-        "unwrap": "the saved weights are the model's own (DDP and torch.compile wrappers unwrapped); under DDP "
-                  "one rank writes",
-        "refuse_foreign": "loading refuses a file it cannot resume from exactly (weights only, fp16 weights, "
-                          "another model or optimizer) before changing anything",
-        "world_size": "a checkpoint from another world size rescales its step",
-        "exact_resume": "stop at an update boundary, save, load into fresh objects, continue: bitwise the "
-                        "uninterrupted run",
+                      "epoch, step, world size, model config, the caller's extras) and loading restores it bit "
+                      "for bit",
+        "atomic_save": "the new file is written beside the target, fsync'd, then renamed onto it: a save that fails "
+                       "halfway leaves the previous checkpoint whole",
+        "update_boundary": "a save while gradients are pending (a non-zero gradient on any parameter) is refused and "
+                           "writes nothing",
+        "unwrap": "the saved weights are the model's own: DDP and torch.compile wrappers unwrapped",
+        "one_writer": "under torch.distributed only rank 0 writes, recording the world size",
+        "safe_load": "loading never runs code from the file (weights_only=True)",
+        "refuse_foreign": "loading refuses, before changing anything, a file an exact resume cannot start from: "
+                          "weights only, fp16 weights, another model's shapes or config, another optimizer's "
+                          "state, an empty scaler state for an enabled scaler",
+        "world_size": "a checkpoint from another world size returns its step rescaled as upstream does: "
+                      "step * saved // current",
+        "exact_resume": "resume_position continues where the checkpoint stopped (after an epoch's end at the next "
+                        "epoch's start); stop, save, load into fresh objects, continue: bitwise the uninterrupted "
+                        "run",
     },
     checks=checks_in(checks, saving, loading, resume),
     mistakes=mistakes.MISTAKES,

@@ -55,11 +55,14 @@ CHECKPOINT_KEYS = ("model", "optimizer", "scaler", "epoch", "step", "world_size"
 def expect_raises_naming(what: str, fn, exc_type, names) -> None:
     """``fn()`` raises ``exc_type`` whose message contains every item of ``names``; an item that is a
     tuple is satisfied by any one of its strings (e.g. any parameter name)."""
-    def wanted(options):
-        shown = " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
+    def shown(options) -> str:
+        return " or ".join(repr(o) for o in options[:3]) + (f" or one of {len(options) - 3} more"
                                                               if len(options) > 3 else "")
-        return f"{exc_type.__name__} naming {shown}"
-    every = tuple(" or ".join(name[:3]) if isinstance(name, tuple) else name for name in names)
+
+    def wanted(options) -> str:
+        return f"{exc_type.__name__} naming {shown(options)}"
+    every = f"{exc_type.__name__} naming " + " and ".join(
+        f"({shown(name)})" if isinstance(name, tuple) else repr(name) for name in names)
     try:
         fn()
     except NotImplementedError:
@@ -72,8 +75,8 @@ def expect_raises_naming(what: str, fn, exc_type, names) -> None:
                      wanted(options))
         return
     except Exception as exc:  # wrong type of error
-        fail(what, f"{type(exc).__name__}: {exc}", wanted(every))
-    fail(what, "no exception", wanted(every))
+        fail(what, f"{type(exc).__name__}: {exc}", every)
+    fail(what, "no exception", every)
 
 
 def expect_works(what: str, fn, expected: str, hint: str = ""):
@@ -184,36 +187,59 @@ def good_checkpoint(impl):
 SAMPLER_ARGUMENTS = ("indices", "batch_size", "skip_batches")
 
 
-def expect_sampler_batches(where: str, sampler, expected: list) -> None:
-    """``list(sampler)`` taken whole (each batch a list of its own), twice, equals ``expected``; so does len."""
+def sampler_hint(batches: list, when_yielded: list, expected: list, whole_epoch: list) -> str:
+    """The rule a wrong ``list(sampler)`` breaks, read from what it holds, what each batch held when it was
+    yielded and ``whole_epoch`` (the batches with no skip); "" when none shows (the check's own rule then ends
+    the message)."""
+    got = [list(b) for b in batches]
+    if got != when_yielded:
+        return "start a new list for every batch: a yielded batch is never changed afterwards"
+    if got == whole_epoch != expected:
+        return "drop the first skip_batches batches of the epoch: they were trained before the checkpoint"
+    if expected and got == expected[:-1]:
+        return "the last, short batch is kept: the epoch's last samples are trained too"
+    return ""
+
+
+def expect_sampler_batches(where: str, sampler, expected: list, whole_epoch: list) -> None:
+    """``list(sampler)`` taken whole, twice, holds the batches ``expected`` (compared as lists, so a tuple
+    batch is the same batch); so does len."""
     for attempt in ("", " (second pass)"):
-        batches = list(sampler)
-        expect_equal(f"{where} batches{attempt}", [list(b) for b in batches], expected)
-        expect_equal(f"{where} types of the batches{attempt} (DataLoader's batch_sampler contract: lists)",
-                     sorted({type(b).__name__ for b in batches}), ["list"] if batches else [])
+        batches, when_yielded = [], []
+        for batch in sampler:
+            batches.append(batch)
+            when_yielded.append(list(batch))
+        if [list(b) for b in batches] != expected:
+            hint = sampler_hint(batches, when_yielded, expected, whole_epoch)
+            fail(f"{where} batches{attempt}", [list(b) for b in batches], expected, f"hint: {hint}" if hint else "")
     expect_equal(f"len({where})", len(sampler), len(expected))
 
 
 @check("SkipBatchSampler", objective="skip_batches")
-@names_the_rule('the epoch cut into batches in order, minus the first skip_batches (default 0); the last, short batch is kept; every batch is a new list')
+@names_the_rule("the epoch cut into batches in order, minus the first skip_batches; the last, short batch is kept")
 def skip_batch_sampler_matches_upstream(impl):
     """Same batches and len as upstream's sampler for every skip in [0, ceil(N / bs)] (with and without a
-    partial last batch), on every pass; the lesson's example."""
-    expect_equal("list(SkipBatchSampler(range(10), 3, 2)) (upstream example)",
-                 [list(b) for b in impl.SkipBatchSampler(range(10), 3, 2)], [[6, 7, 8], [9]])
-    expect_sampler_batches("SkipBatchSampler(range(5), 2) (skip_batches left at its default)",
-                           impl.SkipBatchSampler(range(5), 2), [[0, 1], [2, 3], [4]])
+    partial last batch), on every pass; the lesson's example; skip_batches defaults to 0."""
+    expect_sampler_batches("SkipBatchSampler(range(10), 3, 2) (upstream example)", impl.SkipBatchSampler(
+        range(10), 3, 2), [[6, 7, 8], [9]], [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]])
     for n in (1, 9, 10, 12):
         for batch_size in (1, 3, 4):
-            for skip in range((n + batch_size - 1) // batch_size + 1):
+            whole_epoch = list(UpstreamSkipBatchSampler(list(range(100, 100 + n)), batch_size, 0))
+            for skip in range(len(whole_epoch) + 1):
                 sampler = impl.SkipBatchSampler(list(range(100, 100 + n)), batch_size, skip)
                 upstream = UpstreamSkipBatchSampler(list(range(100, 100 + n)), batch_size, skip)
                 expect_sampler_batches(f"SkipBatchSampler(N={n}, batch_size={batch_size}, skip_batches={skip})",
-                                       sampler, list(upstream))
+                                       sampler, list(upstream), whole_epoch)
+    default = [[0, 1], [2, 3], [4]]
+    if [list(b) for b in impl.SkipBatchSampler(range(5), 2)] != default:
+        fail("list(SkipBatchSampler(range(5), 2)) (skip_batches left at its default)",
+             [list(b) for b in impl.SkipBatchSampler(range(5), 2)], default,
+             "hint: skip_batches defaults to 0: a fresh epoch trains every batch")
 
 
 @check("SkipBatchSampler", objective="skip_batches", hidden=True)
-@names_the_rule('read indices afresh on every pass (keep the sampler itself, not list(indices)): set_epoch changes its order')
+@names_the_rule("read indices afresh on every pass (keep the sampler itself, not list(indices)): set_epoch "
+                "changes its order")
 def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
     """Over a DistributedSampler, each pass batches the order of the sampler's current epoch (set_epoch
     reshuffles it): the indices are read afresh on every pass, not copied once."""
@@ -223,11 +249,24 @@ def skip_batch_sampler_follows_a_reshuffled_sampler(impl):
         shards.set_epoch(epoch)
         expect_sampler_batches(f"SkipBatchSampler(DistributedSampler(11 samples, rank 1 of 2) after "
                                f"set_epoch({epoch}), batch_size=2, skip_batches=1)", sampler,
-                               list(UpstreamSkipBatchSampler(list(shards), 2, 1)))
+                               list(UpstreamSkipBatchSampler(list(shards), 2, 1)),
+                               list(UpstreamSkipBatchSampler(list(shards), 2, 0)))
 
 
-@check("SkipBatchSampler", hidden=True)
-@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1, not a bool), then skip_batches (an int in [0, ceil(N / batch_size)], not a bool), each error naming its argument')
+@check("SkipBatchSampler")
+@names_the_rule("yield each batch as a list, as a DataLoader's batch_sampler is expected to")
+def skip_batch_sampler_yields_lists(impl):
+    """Every batch, the last short one too, is a ``list`` (a tuple batch trains the same samples: the
+    convention of torch's own BatchSampler)."""
+    for n, batch_size, skip in ((5, 2, 0), (10, 3, 1), (12, 4, 2)):
+        batches = list(impl.SkipBatchSampler(range(n), batch_size, skip))
+        expect_equal(f"types of the batches of SkipBatchSampler(range({n}), {batch_size}, {skip})",
+                     sorted({type(b).__name__ for b in batches}), ["list"])
+
+
+@check("SkipBatchSampler")
+@names_the_rule('check indices (sized, else TypeError), then batch_size (an int >= 1, not a bool), then '
+                'skip_batches (an int in [0, ceil(N / batch_size)], not a bool), each error naming its argument')
 def skip_batch_sampler_rejects_bad_arguments(impl):
     """A batch_size that is not an int >= 1 (True is a bool), a skip outside [0, ceil(N / bs)] raise ValueError
     naming the argument; indices without len() (a generator, an iterator) raise TypeError naming 'indices';
