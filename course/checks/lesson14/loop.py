@@ -111,8 +111,8 @@ def _float(value):
 
 
 def initial_params(scenario: LoopScenario) -> dict:
-    """The parameters every run of ``scenario`` starts from (the model is seeded)."""
-    return {n: p.detach() for n, p in tiny_model(scenario).named_parameters()}
+    """The parameters every run of ``scenario`` starts from (the model is seeded), on the CPU like a run's."""
+    return {n: p.detach().cpu() for n, p in tiny_model(scenario).named_parameters()}
 
 
 def warning_free(train_one_epoch, where: str):
@@ -278,7 +278,8 @@ def train_one_epoch_scaler_none_is_disabled(impl):
         objects.model, epoch_batches(scenario, 0), objects.optimizer, device="cpu", epoch=0, epochs=1,
         iters=scenario.iters, base_lr=scenario.base_lr, accumulation_steps=scenario.accumulation_steps, grad_clip=1.0)
     skipped = [r["step"] for r in records if r.get("overflow_skipped")]
-    with hint("scaler=None means a DISABLED GradScaler (enabled=False): it never skips a step" if skipped else ""):
+    with hint("scaler=None means no loss scaling (a DISABLED GradScaler, enabled=False, or none at all): it never "
+              "skips a step" if skipped else ""):
         expect_equal("micro-steps with overflow_skipped=True under scaler=None", skipped, [])
     weight = objects.model.model.norm.weight
     expect_equal("model.norm.weight all finite after the inf gradient's update under scaler=None",

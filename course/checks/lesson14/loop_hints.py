@@ -208,23 +208,18 @@ def forward_lr_hint(forward_lrs: list, expected_records: list, scenario: LoopSce
 
 
 def update_hint(scenario: LoopScenario, records, index: int, run_cause: str = "") -> str:
-    """The loss or the parameters first differ at ``index`` while every earlier lr, loss and norm matched: name
-    ``run_cause`` (what the whole run shows: weights that never moved, a wrong lr at the forward passes) or what
-    only the updates before it use (the tail flush's lr, the clipping)."""
+    """The loss, a norm or the parameters first differ at ``index`` while every earlier lr, loss and norm matched:
+    name ``run_cause`` (what the whole run shows: weights that never moved, a wrong lr at the forward passes) or
+    what only the updates before it use (the clipping)."""
     if run_cause:
         return f"all earlier records matched; likely {run_cause}"
-    causes = []
-    if index > 0 and records[index - 1]["tail_flush"]:
-        update = records[index - 1]
-        causes.append(f"a stale lr in the tail flush at epoch {update['epoch']} step {update['step']} right before "
-                      "(write the lr into every param group at every micro-step, not only where a window closes)")
     clipped = [(r["epoch"], r["step"]) for r in records[:index] if r["update_closed"] and r["grad_norm"] is not None
                and math.isfinite(r["grad_norm"]) and r["grad_norm"] > scenario.grad_clip]
     if clipped:
-        causes.append(f"no clipping to the grad_clip passed: the updates at (epoch, step) {clipped} had pre-clip "
-                      f"norms above grad_clip={scenario.grad_clip} (clip_grad_norm_(model.parameters(), grad_clip), "
-                      "after unscale_)")
-    return "all earlier records matched; likely " + " or ".join(causes) if causes else ""
+        return (f"all earlier records matched; likely no clipping to the grad_clip passed: the updates at (epoch, "
+                f"step) {clipped} had pre-clip norms above grad_clip={scenario.grad_clip} "
+                "(clip_grad_norm_(model.parameters(), grad_clip), after unscale_)")
+    return ""
 
 
 @contextlib.contextmanager
