@@ -48,9 +48,9 @@ def compare_runs(scenario: LoopScenario, actual, expected, forward_lrs) -> None:
         if missing:
             fail(f"{where} record {i} lacks keys", sorted(record), f"at least {list(RECORD_TYPES)}")
     expect_equal(f"{where} forward passes (one per micro-step)", len(forward_lrs), len(expected.records))
-    # what the whole run shows about a cause, named where a loss or the parameters first differ
-    run_cause = (frozen_weights_hint(actual.params, expected.params, initial_params(scenario))
-                 or forward_lr_hint(forward_lrs, expected.records, scenario))
+    # what the whole run shows about a cause, named where a loss, a norm or the parameters first differ
+    lr_cause = forward_lr_hint(forward_lrs, expected.records)
+    run_cause = frozen_weights_hint(actual.params, expected.params, initial_params(scenario)) or lr_cause
     seen = [(r["epoch"], r["step"]) for r in actual.records]
     with hint(steps_hint(seen, expected.records)):
         expect_equal(f"{where} micro-steps seen (epoch, step)", seen,
@@ -99,7 +99,7 @@ def compare_runs(scenario: LoopScenario, actual, expected, forward_lrs) -> None:
     # last: a stale lr that reaches an update already showed above, with a hint naming that update
     for want, lrs in zip(expected.records, forward_lrs):
         for group, lr in enumerate(lrs):
-            with hint(forward_lr_hint(forward_lrs, expected.records, scenario)):
+            with hint(lr_cause):
                 expect_close(f"{where} epoch {want['epoch']} step {want['step']}: lr of param group {group} at the "
                              "forward pass", lr, want["lr"], rtol=LR_RTOL)
 

@@ -187,7 +187,7 @@ def frozen_weights_hint(actual_params: dict, expected_params: dict, initial: dic
     return ""
 
 
-def forward_lr_hint(forward_lrs: list, expected_records: list, scenario: LoopScenario) -> str:
+def forward_lr_hint(forward_lrs: list, expected_records: list) -> str:
     """The rule that the param groups' lr at the forward passes break: groups that disagree, the previous
     micro-step's lr wherever one differs (the run's first forward may still hold the optimizer's initial lr), or
     a stale one."""
