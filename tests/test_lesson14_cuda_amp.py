@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course.checks.lesson14 import LESSON
-from course.checks.lesson14.loop import compare_runs
+from course.checks.lesson14.loop import compare_runs, observed
 from course.runs import run_impl, run_oracle
 from course.runs.scenarios import LOOP_BASE
 
@@ -28,11 +28,11 @@ CUDA_SCENARIOS = [
 
 @pytest.mark.parametrize("scenario", CUDA_SCENARIOS, ids=lambda s: s.name)
 def test_train_one_epoch_on_cuda(impl_module, impl_name, scenario):
-    module = impl_module(LESSON)
+    module, forward_lrs = impl_module(LESSON), []
     try:
-        actual = run_impl(module.train_one_epoch, scenario)
+        actual = run_impl(observed(module.train_one_epoch, forward_lrs), scenario)
     except NotImplementedError as exc:
         if impl_name == "reference":
             raise
         pytest.skip(f"TODO: {exc}")
-    compare_runs(scenario, actual, run_oracle(scenario))
+    compare_runs(scenario, actual, run_oracle(scenario), forward_lrs)

@@ -1,6 +1,6 @@
 """Lesson 14 beyond its checks (those run in tests/test_lesson_checks.py): the alignment report that
-``python -m course align 14`` prints, for each implementation, the hints of failure messages and the host-sync
-counter."""
+``python -m course align 14`` prints, for each implementation, the hints of failure messages (the core tier's:
+tests/test_hint_rules.py) and the host-sync counter."""
 from __future__ import annotations
 
 import pytest
@@ -31,72 +31,29 @@ def test_alignment_report(impl_module, impl_name):
     expect_equal("alignment report lines", lines, EXPECTED_REPORT)
 
 
-@pytest.mark.parametrize("mistake_name, hint", [
-    ("zero_grad_every_micro_step", "are gradients zeroed every micro-step"),
-    ("records_scaled_loss", "record the unscaled loss"),
-    ("loss_loses_graph", "did the scaled loss lose its graph"),
-    ("empty_epoch_crashes", "return [] early"),
-    ("forgets_aux_loss", "the aux loss is not in the loss"),
-    ("aux_not_in_backward", "the aux loss is not in the backward"),
-    ("stale_lr_in_tail_flush", "a stale lr in the tail flush"),
-    ("no_clipping", "no clipping to grad_clip"),
-    ("host_sync_every_micro_step", "convert them once at its end"),
-    ("epochs_checked_by_epoch", "check epochs itself"),
-])
-def test_failures_hint_at_the_likely_cause(mistake_name, hint):
-    """Numeric failures whose numbers point at a known cause say so (the mistake is built from the reference,
-    the message from the check; neither computes the other)."""
-    message = failure_message(mistake_name)
-    assert hint in message, f"{mistake_name}\n  ACTUAL: {message}\n  EXPECTED: ...{hint}..."
-
-
-def failure_message(mistake_name: str) -> str:
-    mistake = next(m for m in LESSON.mistakes if m.name == mistake_name)
-    check = next(c for c in LESSON.checks if c.name == mistake.caught_by)
-    result = mistake_result(mistake)
-    assert result.status == "FAIL", f"{mistake_name}: {check.name} says {result.status}"
-    return result.message
-
-
 @pytest.mark.parametrize("mistake_name, rule", [
-    ("clip_before_unscale", "clipping the still-scaled gradients: unscale first"),
-    ("no_tail_flush", "the tail flush is missing"),
-    ("tail_flush_from_iters", "never from iters"),
-    ("skipped_update_not_closed", "a skipped update still closes its window"),
-    ("overflow_never_reported", "report overflow_skipped=True there"),
-    ("tail_overflow_not_reported", "in the tail flush too"),
-    ("overflow_on_scale_growth", "a scale that grows (after growth_interval clean updates) is no skip"),
-    ("lr_only_at_optimizer_steps", "at EVERY micro-step"),
-    ("schedule_ignores_epoch", "the schedule restarts every epoch"),
-    ("ignores_start_step", "micro-steps continue after a resume"),
-    ("lr_in_first_group_only", "EVERY optimizer.param_groups entry"),
-    ("scaler_none_enabled", "scaler=None means a DISABLED GradScaler"),
-    ("tail_flush_not_marked", "tail_flush=True"),
-    ("grad_norm_zero_without_update", "grad_norm is None where no update closed"),
-    ("zero_grad_keeps_zeros", "every .grad is None, not a tensor of zeros"),
+    ("epochs_checked_by_epoch", "check epochs itself"),
     ("k_checked_by_scale_loss", "check every argument before touching the loader"),
-    ("off_by_one_step", "a window closes on its K-th micro-step"),
-    ("flush_ignores_start_step", "this call ran no micro-step"),
-    ("flush_counts_windows_from_start_step", "windows count from micro-step 1 of the epoch"),
-    ("hardcoded_base_lr", "proportional to the caller's base_lr"),
-    ("skipped_norm_recorded_finite", "a skipped update records inf or nan"),
-    ("tail_flush_on_last_boundary", "never a window closed on its K-th micro-step"),
-    ("clip_first_group_only", "not one param group's"),
-    ("host_copy_every_micro_step", "a host copy (cpu) per micro-step"),
-    ("numpy_every_micro_step", "a host copy (numpy) per micro-step"),
+    ("zero_grad_keeps_zeros", "every .grad is None, not a tensor of zeros"),
     ("scaler_none_for_cuda", "the loop emits no warnings"),
+    ("records_loss_tensors", "records hold Python values"),
+    ("step_returns_int", "return a bool"),
+    ("cosine_returns_tensor", "return a Python float"),
 ])
-def test_a_broken_rule_is_named(mistake_name, rule):
-    """Each catalogued mistake of an ordering or bookkeeping rule fails with a hint that names the rule it
-    breaks (the docstrings state rules, not recipes: the failure must point back at the rule)."""
-    message = failure_message(mistake_name)
-    assert rule in message, f"{mistake_name}\n  ACTUAL: {message}\n  EXPECTED: ...{rule}..."
+def test_a_hardening_failure_names_its_convention(mistake_name, rule):
+    """A catalogued mistake of the hardening tier fails with a hint naming the convention it breaks (a core
+    mistake's hint names its rule: ``rule=`` in the catalogue, held by tests/test_hint_rules.py)."""
+    mistake = next(m for m in LESSON.mistakes if m.name == mistake_name)
+    result = mistake_result(mistake)
+    assert result.status == "FAIL", f"{mistake_name}: {mistake.caught_by} says {result.status}"
+    assert rule in result.message, f"{mistake_name}\n  ACTUAL: {result.message}\n  EXPECTED: ...{rule}..."
 
 
 def test_no_hint_when_the_ratio_points_nowhere():
     """A norm off by an unrelated factor, or K = 1, gets no guess."""
     assert norm_hint(1.0, 1.1, 4) == "" and norm_hint(0.25, 1.0, 1) == "" and loss_hint(None, 8.0, 4) == ""
     assert "zeroed" in norm_hint(0.3, 1.0, 4) and "divided by K" in norm_hint(4.0, 1.0, 4)
+    assert "divided by K twice" in norm_hint(0.25, 1.0, 4) and "twice" not in norm_hint(0.26, 1.0, 4)
 
 
 def test_no_cause_named_where_nothing_points_at_one():

@@ -18,6 +18,12 @@
 # `python -m course check 14` runs on `impl/train_loop.py`, so both routes grade the same way.
 # Some test cells hold hidden tests that only run when the notebook is graded.
 #
+# The scored cells grade the lesson's objectives (lesson 14 §3): the schedule, the loss scaling, the update
+# cadence and order, the tail flush, the overflow skip, no host sync inside the loop, the records and your
+# test. The cells named `check_..._hardening` run the optional hardening tier (argument rules and
+# conventions, lesson 14 §5.7): they print PASS / FAIL and score no points. A warning your code emits is
+# printed with the results and costs no points.
+#
 # The last part runs experiments on *your* functions and draws four figures (also saved under
 # `figures/`).
 
@@ -76,7 +82,8 @@ torch.set_num_threads(1)
 # Put the four pieces together in MiniMind's order: set the lr, forward under autocast, backward on the
 # scaled loss, and at a window's end unscale → clip → step → update → zero the gradients.
 # The test runs your loop and MiniMind's on the same tiny model and data and compares every record,
-# every parameter and the AdamW state.
+# every parameter and the AdamW state. The hidden tests add an enabled GradScaler with an overflow,
+# `scaler=None` (no loss scaling: nothing is skipped) and a count of the host syncs inside the loop.
 
 # %%
 # exercise: train_one_epoch

@@ -15,11 +15,12 @@ LESSON = Lesson(
     title="Learning rate, gradient accumulation and mixed precision",
     module="train_loop",
     exercises=[
-        Exercise("cosine_lr", "14 §5.1", points=2),
+        Exercise("cosine_lr", "14 §5.1", points=1),
         Exercise("scale_loss_for_accumulation", "14 §5.2", points=1),
         Exercise("should_step_optimizer", "14 §5.3", points=1),
         Exercise("should_flush_tail", "14 §5.4", points=1),
-        Exercise("train_one_epoch", "14 §5.5", points=4, hidden_points=3),
+        # visible: schedule, update_order, tail_flush, records; hidden: overflow_skip, no_host_sync
+        Exercise("train_one_epoch", "14 §5.5", points=5, hidden_points=3),
         Exercise("test_accumulation_matches_big_batch", "14 §5.6", points=3),
         # Extensions: fix upstream (§10). Optional: graded by ``check 14 --all``, never in the exit code or points.
         Exercise("accumulation_divisor", "14 §10.1", optional=True),
@@ -28,16 +29,21 @@ LESSON = Lesson(
         Exercise("adamw_param_groups", "14 §10.3", optional=True),
         Exercise("warmup_cosine_lr", "14 §10.4", optional=True),
     ],
+    # What the lesson teaches (§3 lists them): every core check grades one; argument rules, types and warnings
+    # are the hardening tier (checks without an objective, graded by ``check 14 --all``).
     objectives={
-        "schedule": "every micro-step runs at get_lr of its global micro-step (across epochs and resumes), "
-                    "in every param group",
-        "loss_scaling": "each micro-step backpropagates (loss + aux_loss) / K",
+        "schedule": "every micro-step runs at get_lr of its global micro-step (epoch * iters + step of "
+                    "epochs * iters: across epochs and resumes), written into every param group before its forward",
+        "loss_scaling": "each micro-step backpropagates (loss + aux_loss) / K, still in the autograd graph",
         "update_cadence": "one optimizer update per closed window of K micro-steps, counted from micro-step 1",
-        "update_order": "an update is unscale -> clip the true gradient -> step -> scaler update -> clear the "
-                        "gradients, and matches the oracle's",
-        "tail_flush": "a partial window left at the end of an epoch gets its update once, and only then",
-        "overflow_skip": "an update whose gradients overflow is skipped: weights and AdamW state stay put",
-        "no_host_sync": "nothing inside the loop waits for the device (no host sync per micro-step)",
+        "update_order": "an update is unscale -> clip the true gradient to grad_clip -> step -> scaler update -> "
+                        "clear the gradients, and the run matches the oracle's",
+        "tail_flush": "a partial window left when the epoch (or the loader) ends gets its update once, and only then",
+        "overflow_skip": "an enabled GradScaler skips an update whose gradients overflow (weights and AdamW state "
+                         "stay put, the record says so); scaler=None skips nothing",
+        "no_host_sync": "nothing inside the loop waits for the device: no host sync per micro-step",
+        "records": "one record per micro-step run: its step, lr, unscaled loss, aux_loss, whether an update closed "
+                   "there (skipped or a tail flush) and the pre-clip norm (None without an update)",
         "accumulation_test": "your test proves accumulation equals one big batch: it passes correct code and "
                              "fails wrong code",
     },

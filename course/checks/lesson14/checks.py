@@ -11,6 +11,7 @@ import torch
 from course.minimind import get_lr
 
 from ..framework import check, expect_close, expect_equal, expect_raises, expect_type, fail
+from .loop_hints import hint
 
 # Steps of a 20-step run where the report and the first check compare the schedule.
 REPORT_LR_STEPS = (0, 1, 5, 10, 19, 20)
@@ -39,27 +40,57 @@ def cosine_lr_matches_get_lr(impl):
     cases = [(s, 20, 5e-4) for s in REPORT_LR_STEPS] + [
         (0, 1, 1.0), (1, 1, 1.0), (3, 7, 1e-3), (333, 1000, 3e-4), (12, 12, 2.0)]
     for step, total, lr in cases:
-        value = impl.cosine_lr(step, total, lr)
-        expect_type(f"cosine_lr({step}, {total}, {lr})", value, float,
-                    detail="hint: return a Python float (math.cos, not torch.cos; no tensor): the loop writes it into "
-                           "optimizer.param_groups and the records")
-        expect_close(f"cosine_lr({step}, {total}, {lr})", value, get_lr(step, total, lr), rtol=LR_RTOL)
+        what = f"cosine_lr({step}, {total}, {lr})"
+        with hint(endpoints_hint(impl)):
+            expect_close(what, number(what, impl.cosine_lr(step, total, lr)), get_lr(step, total, lr), rtol=LR_RTOL)
+
+
+def endpoints_hint(impl) -> str:
+    """Where the schedule starts and ends, against MiniMind's base_lr and 0.1 * base_lr (lesson 14 §1.2)."""
+    try:
+        start, end = float(impl.cosine_lr(0, 100, 1.0)), float(impl.cosine_lr(100, 100, 1.0))
+    except Exception:   # the comparison itself reports what went wrong
+        return ""
+    wrong = ([f"starts at {start:g} x base_lr instead of base_lr"] if abs(start - 1.0) > 1e-9 else []) + (
+        [f"ends at {end:g} x base_lr instead of 0.1 x base_lr"] if abs(end - 0.1) > 1e-9 else [])
+    if wrong:
+        return f"the schedule {' and '.join(wrong)} (lesson 14 §1.2 fixes both endpoints)"
+    return "both endpoints are right, the curve between them is not: half a cosine wave from s = 0 to s = T"
+
+
+def number(what: str, value) -> float:
+    """``value`` as a float: any number (a 0-dim tensor too) is graded by its value; its type is the hardening
+    tier's (``cosine_lr_returns_a_python_float``)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        fail(f"{what}: a number", f"{type(value).__name__} {value!r}", "a float")
 
 
 @check("cosine_lr", objective="schedule")
 def cosine_lr_endpoints(impl):
     """The schedule starts at base_lr and ends at 0.1 * base_lr (no warmup, no decay to 0)."""
-    expect_close("cosine_lr(0, 100, 1.0) (start)", impl.cosine_lr(0, 100, 1.0), 1.0, rtol=LR_RTOL)
-    expect_close("cosine_lr(100, 100, 1.0) (end)", impl.cosine_lr(100, 100, 1.0), 0.1, rtol=LR_RTOL)
-    expect_close("cosine_lr(50, 100, 1.0) (middle)", impl.cosine_lr(50, 100, 1.0), 0.55, rtol=LR_RTOL)
+    for step, expected, where in ((0, 1.0, "start"), (100, 0.1, "end"), (50, 0.55, "middle")):
+        what = f"cosine_lr({step}, 100, 1.0) ({where})"
+        expect_close(what, number(what, impl.cosine_lr(step, 100, 1.0)), expected, rtol=LR_RTOL)
 
 
-@check("cosine_lr", hidden=True)
+@check("cosine_lr")
+def cosine_lr_returns_a_python_float(impl):
+    """The lr is a Python float (math.cos, not torch.cos): the loop writes it into optimizer.param_groups and the
+    records, where a tensor would drag torch along."""
+    for args in ((0, 20, 5e-4), (7, 20, 5e-4), (20, 20, 5e-4)):
+        expect_type(f"cosine_lr{args}", impl.cosine_lr(*args), float,
+                    detail="hint: return a Python float (math.cos, not torch.cos; no tensor)")
+
+
+@check("cosine_lr")
 def cosine_lr_rejects_bad_arguments(impl):
     """total_steps <= 0 and current_step outside [0, total_steps] raise ValueError naming the argument (both bad:
     total_steps, checked first)."""
-    for args, argument in [((0, 0, 1e-3), "total_steps"), ((0, -5, 1e-3), "total_steps"), ((-1, 0, 1e-3), "total_steps"),
-                           ((-1, 10, 1e-3), "current_step"), ((11, 10, 1e-3), "current_step")]:
+    for args, argument in [((0, 0, 1e-3), "total_steps"), ((0, -5, 1e-3), "total_steps"),
+                           ((-1, 0, 1e-3), "total_steps"), ((-1, 10, 1e-3), "current_step"),
+                           ((11, 10, 1e-3), "current_step")]:
         expect_raises(f"cosine_lr{args}", lambda: impl.cosine_lr(*args), ValueError, argument,
                       ("current_step", "total_steps", "base_lr"))
 
@@ -74,7 +105,9 @@ def scale_loss_divides_by_k(impl):
         scaled = impl.scale_loss_for_accumulation(loss, k)
         if not torch.is_tensor(scaled):
             fail(f"scale_loss_for_accumulation(tensor({value}), {k}) type", type(scaled).__name__, "Tensor")
-        expect_close(f"scale_loss_for_accumulation(tensor({value}), {k})", scaled.detach().item(), value / k, rtol=1e-6)
+        actual = scaled.detach().item()
+        with hint(f"the loss is not divided by K={k}: return loss / K" if k > 1 and actual == value else ""):
+            expect_close(f"scale_loss_for_accumulation(tensor({value}), {k})", actual, value / k, rtol=1e-6)
         if not scaled.requires_grad:
             fail("the scaled loss must stay in the autograd graph (requires_grad)", False, True)
         scaled.backward()
@@ -85,7 +118,7 @@ def scale_loss_divides_by_k(impl):
         expect_close(f"d(scaled)/d(loss) for K={k}", float(loss.grad), 1.0 / k, rtol=1e-6)
 
 
-@check("scale_loss_for_accumulation", hidden=True)
+@check("scale_loss_for_accumulation")
 def scale_loss_rejects_bad_k(impl):
     """accumulation_steps <= 0 raises ValueError naming accumulation_steps."""
     for k in (0, -2):
@@ -96,7 +129,7 @@ def scale_loss_rejects_bad_k(impl):
 # --- should_step_optimizer -----------------------------------------------------------------
 
 
-BOOL_HINT = "hint: return a bool (a comparison), not the int 0 / 1 or a remainder"
+BOOL_HINT = "hint: return a bool (a comparison), not the int 0 / 1"
 
 
 def optimizer_step_positions(impl, micro_steps: int, k: int) -> list[int]:
@@ -115,12 +148,19 @@ def should_step_at_window_ends(impl):
     expect_equal("optimizer steps for micro-steps 1..3, K=1 (no accumulation)",
                  optimizer_step_positions(impl, 3, 1), [1, 2, 3])
     for step, k, expected in [(1, 4, False), (2, 4, False), (3, 4, False), (4, 4, True), (5, 1, True)]:
-        value = impl.should_step_optimizer(step, k)
-        expect_type(f"should_step_optimizer({step}, {k})", value, bool, detail=BOOL_HINT)
-        expect_equal(f"should_step_optimizer({step}, {k})", value, expected)
+        expect_equal(f"should_step_optimizer({step}, {k}) (as a truth value)",
+                     bool(impl.should_step_optimizer(step, k)), expected)
 
 
-@check("should_step_optimizer", hidden=True)
+@check("should_step_optimizer")
+def should_step_returns_a_bool(impl):
+    """A bool, not the int 0 / 1: equal in an ``if``, but not the type the contract promises."""
+    for step, k in ((4, 4), (3, 4), (1, 1)):
+        expect_type(f"should_step_optimizer({step}, {k})", impl.should_step_optimizer(step, k), bool,
+                    detail=BOOL_HINT)
+
+
+@check("should_step_optimizer")
 def should_step_rejects_bad_arguments(impl):
     """accumulation_steps <= 0 or step <= 0 (micro-steps are 1-based) raise ValueError naming the argument."""
     for step, k, argument in ((4, 0, "accumulation_steps"), (4, -1, "accumulation_steps"), (0, 4, "step"),
@@ -152,15 +192,20 @@ def should_flush_only_a_partial_window(impl):
              # a resume at start_step == last_step ran nothing: no flush even though last % K != 0
              ((5, 5, 4), False), ((6, 6, 4), False)]
     for args, expected in cases:
-        actual = impl.should_flush_tail(*args)
-        expect_type(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})", actual, bool,
-                    detail=BOOL_HINT)
+        actual = bool(impl.should_flush_tail(*args))
         if actual != expected:
             fail(f"should_flush_tail(last_step={args[0]}, start_step={args[1]}, K={args[2]})", actual, expected,
                  f"hint: {flush_rule(*args, expected)}")
 
 
-@check("should_flush_tail", hidden=True)
+@check("should_flush_tail")
+def should_flush_returns_a_bool(impl):
+    """A bool, not the int 0 / 1: equal in an ``if``, but not the type the contract promises."""
+    for args in ((10, 0, 4), (8, 0, 4), (5, 5, 4)):
+        expect_type(f"should_flush_tail{args}", impl.should_flush_tail(*args), bool, detail=BOOL_HINT)
+
+
+@check("should_flush_tail")
 def should_flush_rejects_bad_arguments(impl):
     """accumulation_steps <= 0, start_step < 0 or last_step < start_step raise ValueError naming it."""
     for args, argument in [((10, 0, 0), "accumulation_steps"), ((10, 0, -4), "accumulation_steps"),

@@ -1,11 +1,16 @@
-"""Mutants of the lesson-14 reference that no check can fail, each with why (``python -m course mutants 14``
-lists the rest: each of those is a gap that a new check closes)."""
+"""Mutants of the lesson-14 reference that no core check can fail, each with why (``python -m course mutants 14``
+lists the rest: each of those is a gap that a new check closes). A core mutant that only a hardening check fails
+is listed here when only a convention differs."""
 
 EQUIVALENT_MUTANTS: dict[str, str] = {
     "_optimizer_update#1: statements swapped with the next one":
         "reading the scale before or after unscale_ is the same: unscale_ never changes the scale",
     "_optimizer_update#5: statements swapped with the next one":
         "scaler.update() reads the inf/NaN record unscale_ left, not the gradients: zero_grad before it is the same",
+    "_optimizer_update#1: constant True -> False":
+        "only a convention differs: zero_grad(set_to_none=False) leaves zero tensors where None frees the memory; "
+        "the next backward adds to the zeros, the same gradients (the hardening check "
+        "train_one_epoch_clears_gradients_to_none grades it)",
     "train_one_epoch#1: constant True -> False":
         "non_blocking=False on the CPU: .to('cpu') returns the very same tensor either way",
     "train_one_epoch#2: constant True -> False":

@@ -8,8 +8,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "from 0 to pi as s runs from 0 to T.",
         "course/minimind/trainer_utils.py::get_lr is the oracle; lesson 14 §5.1 plots it. Compare its value at "
         "s = 0, s = T / 2 and s = T with what your formula gives (python -m course align 14 prints the differences).",
-        "lr(s) = base_lr * (a + b * cos(pi * s / T)) with lr(0) = base_lr and lr(T) = 0.1 * base_lr fixes a and b. "
-        "Arguments are checked before any arithmetic: total_steps <= 0 first, then current_step outside [0, T].",
+        "lr(s) = base_lr * (a + b * cos(pi * s / T)) with lr(0) = base_lr and lr(T) = 0.1 * base_lr fixes a and b "
+        "(the common slip: an old upstream formula that starts at 1.1 * base_lr).",
         "Solve a + b = 1 and a - b = 0.1: a = 0.55, b = 0.45, i.e. base_lr * (0.1 + 0.45 * (1 + cos(pi * s / T))). "
         "Return a Python float (math.cos, not torch.cos).",
     ),
@@ -19,18 +19,17 @@ HINTS: dict[str, tuple[str, ...]] = {
         "The oracle's train_epoch (course/minimind/train_pretrain.py) divides the loss right after the forward, "
         "inside the autocast block, before scaler.scale(...).backward().",
         "Return a tensor whose gradient with respect to the loss is 1 / K: any expression of the tensor itself "
-        "works; anything that goes through .item(), float(...) or .detach() cuts the graph. K <= 0 is a ValueError "
-        "naming accumulation_steps.",
-        "return loss / accumulation_steps (after the argument check).",
+        "works; anything that goes through .item(), float(...) or .detach() cuts the graph.",
+        "return loss / accumulation_steps.",
     ),
     "should_step_optimizer": (
         "A window of K micro-steps closes on its last micro-step. Micro-steps are numbered from 1, so the "
         "first window is 1..K.",
         "In the oracle's train_epoch the optimizer block is guarded by one condition on step and "
         "args.accumulation_steps; enumerate(loader, start=start_step + 1) says where step starts.",
-        "Closing micro-steps are the multiples of K: K, 2K, 3K, ... With K = 1 every micro-step closes. "
-        "Refuse K <= 0 (naming accumulation_steps) before step <= 0 (naming step).",
-        "return step % accumulation_steps == 0, after the two argument checks.",
+        "Closing micro-steps are the multiples of K: K, 2K, 3K, ... With K = 1 every micro-step closes "
+        "((step + 1) % K, upstream's old test, steps one micro-step early).",
+        "return step % accumulation_steps == 0.",
     ),
     "should_flush_tail": (
         "An epoch whose length is not a multiple of K ends with gradients accumulated but never applied. A "
@@ -38,9 +37,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "After the loop of the oracle's train_epoch there is one more optimizer block, guarded by a condition "
         "on last_step, start_step and accumulation_steps.",
         "Flush exactly when both hold: this call ran at least one micro-step (last_step > start_step) and the "
-        "last one did not close a window (windows count from micro-step 1 of the epoch, not from start_step). "
-        "Argument order: accumulation_steps, start_step, last_step.",
-        "return last_step > start_step and last_step % accumulation_steps != 0, after the three checks.",
+        "last one did not close a window (windows count from micro-step 1 of the epoch, not from start_step).",
+        "return last_step > start_step and last_step % accumulation_steps != 0.",
     ),
     "train_one_epoch": (
         "One micro-step: set the lr, forward under autocast, scale the loss by 1/K, backward through the "
@@ -49,14 +47,13 @@ HINTS: dict[str, tuple[str, ...]] = {
         "Read course/minimind/train_pretrain.py::train_epoch top to bottom: the lr line, the forward and "
         "loss, scaler.scale(loss).backward(), the optimizer block, and the tail flush after the loop. Your "
         "four functions replace four of its expressions. Lesson 14 §1.5 derives the update's order.",
-        "Check the arguments first, in the order accumulation_steps, iters, epochs, epoch, start_step, each "
-        "itself, before touching the loader. The lr counts micro-steps over the whole run: epoch * iters + step "
-        "of epochs * iters, written into every param group at every micro-step. The update is unscale -> clip "
+        "The lr counts micro-steps over the whole run: epoch * iters + step of epochs * iters, written into "
+        "every param group at every micro-step, before its forward. The update is unscale -> clip "
         "to the grad_clip passed (pre-clip norm recorded) -> scaler.step -> scaler.update -> "
-        "zero_grad(set_to_none=True): clipping scaled gradients clips the wrong numbers, and .grad must be None "
-        "afterwards. A skipped update is one where the GradScaler's scale went DOWN (compare get_scale() before "
-        "and after, enabled scaler only); a scale that grew is no skip. Read losses back to the host once, after "
-        "the loop.",
+        "zero_grad(set_to_none=True): clipping scaled gradients clips the wrong numbers, and clearing before "
+        "the step leaves it nothing to apply. A skipped update is one where the GradScaler's scale went DOWN "
+        "(compare get_scale() before and after, enabled scaler only); a scale that grew is no skip. Keep the "
+        "losses as detached tensors and read them back to the host after the loop, never per micro-step.",
         "Loop with for step, (input_ids, labels) in enumerate(loader, start=start_step + 1); keep last_step "
         "(start_step before the loop); after the loop call should_flush_tail(last_step, start_step, "
         "accumulation_steps) and run the same update helper, which returns (pre-clip norm, scale went down); "

@@ -1,12 +1,11 @@
-"""Lesson 14 checks of ``train_one_epoch``'s arguments: each bad one (or the first of two, in the stated order)
-raises ValueError naming it before the loader is touched; the boundaries are valid."""
+"""Lesson 14's hardening checks of ``train_one_epoch``'s arguments (lesson 14 §13): each bad one (or the first of
+two, in the stated order) raises ValueError naming it before the loader is touched; the boundaries are valid."""
 from __future__ import annotations
 
 from course.runs import epoch_batches, training_objects
 from course.runs.scenarios import LOOP_BASE
 
 from ..framework import check, expect_equal, expect_raises, fail
-from .loop import warning_free
 from .loop_hints import hint
 
 
@@ -25,7 +24,7 @@ class UntouchedLoader:
 TRAIN_ARGUMENTS = ("accumulation_steps", "iters", "epochs", "epoch", "start_step")
 
 
-@check("train_one_epoch", hidden=True)
+@check("train_one_epoch")
 def train_one_epoch_rejects_bad_arguments(impl):
     """K, iters or epochs <= 0, epoch outside [0, epochs), start_step outside [0, iters]: ValueError
     naming the argument (first; of two bad ones, the first in that order), raised before the loader is iterated."""
@@ -48,7 +47,7 @@ def train_one_epoch_rejects_bad_arguments(impl):
             expect_equal(f"{call}: loader iterated before the ValueError", loader.iterated, False)
 
 
-@check("train_one_epoch", hidden=True)
+@check("train_one_epoch")
 def train_one_epoch_accepts_boundary_arguments(impl):
     """K = 1, iters = 1, epochs = 1, epoch = epochs - 1, start_step = 0 or iters are valid: an empty loader
     then runs nothing and returns []."""
@@ -58,8 +57,7 @@ def train_one_epoch_accepts_boundary_arguments(impl):
                                                                               start_step=6)):
         call = f"train_one_epoch(loader=[], {', '.join(f'{k}={v}' for k, v in {**good, **changes}.items())})"
         try:
-            records = warning_free(impl.train_one_epoch, call)(objects.model, [], objects.optimizer,
-                                                               **{**good, **changes})
+            records = impl.train_one_epoch(objects.model, [], objects.optimizer, **{**good, **changes})
         except ValueError as exc:
             fail(call, f"ValueError: {exc}", "[] (valid arguments at their boundaries)")
         expect_equal(call, records, [])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 
+import torch
+
 from course.minimind import get_lr
 from course.runs import LoopScenario
 
@@ -35,9 +37,9 @@ def flags_hint(key: str, got_steps, expected_records) -> str:
     causes = []
     if key == "update_closed":
         if set(missing) & tails:
-            causes.append(f"the tail flush is missing at (epoch, step) {sorted(set(missing) & tails)}: a partial window "
-                          "left when the epoch (or the loader) ends gets the update once; decide it from the last "
-                          "micro-step actually run, never from iters")
+            causes.append(f"the tail flush is missing at (epoch, step) {sorted(set(missing) & tails)}: a partial "
+                          "window left when the epoch (or the loader) ends gets the update once; decide it from the "
+                          "last micro-step actually run, never from iters")
         if set(missing) & skipped:
             causes.append(f"a skipped update still closes its window at {sorted(set(missing) & skipped)}: "
                           "update_closed means the optimizer was asked to step, whether or not the GradScaler stepped")
@@ -103,7 +105,7 @@ def host_copy_hint(extra) -> str:
         return ""
     copies = sorted({name for name in extra if name in ("cpu", "numpy", "to")})
     return ((f"a host copy ({', '.join(copies)}) per micro-step waits for the device like .item(): " if copies else "")
-            + "keep detached tensors during the epoch and convert them once at its end")
+            + "keep detached tensors during the epoch and convert them after the loop")
 
 
 def warning_hint(message: str) -> str:
@@ -134,13 +136,21 @@ def loss_hint(actual, expected, k: int) -> str:
     return ""
 
 
+# A ratio "exactly" K or 1/K: the same gradients scaled (float rounding only); any other cause lands farther off.
+EXACT_RATIO = 1e-3
+
+
 def norm_hint(actual, expected, k: int) -> str:
-    """K micro-batch gradients summed are K to sqrt(K) times one of them (aligned to random directions)."""
+    """K micro-batch gradients summed are K to sqrt(K) times one of them (aligned to random directions); the
+    gradients of a loss divided by K twice are exactly 1/K of the right ones."""
     ratio = _ratio(actual, expected, k)
     if ratio is None:
         return ""
     if abs(ratio / k - 1) < 0.01:
         return f"norm = K x expected (K={k}): is the loss divided by K (scale_loss_for_accumulation) before backward?"
+    if abs(ratio * k - 1) < EXACT_RATIO:
+        return (f"norm = expected / K exactly (K={k}): the loss is divided by K twice; scale_loss_for_accumulation "
+                "already divides it, backpropagate its result as it is")
     if 0.5 / k <= ratio <= 1.25 / math.sqrt(k):
         return (f"norm between 1/K and 1/sqrt(K) of expected (K={k}): are gradients zeroed every micro-step, "
                 "so only the last micro-batch's gradient is left?")
@@ -168,21 +178,48 @@ def aux_backward_hint(actual, expected, records) -> str:
     return ""
 
 
-def update_hint(scenario: LoopScenario, records, index: int) -> str:
-    """The loss or the parameters first differ at ``index`` while every earlier lr, loss and norm matched: name
-    what only the updates before it use (the tail flush's lr, the clipping)."""
-    causes = []
-    if index > 0 and records[index - 1]["tail_flush"]:
-        update = records[index - 1]
-        causes.append(f"a stale lr in the tail flush at epoch {update['epoch']} step {update['step']} right before "
-                      "(write the lr into every param group at every micro-step, not only where a window closes)")
+def frozen_weights_hint(actual_params: dict, expected_params: dict, initial: dict) -> str:
+    """The run's parameters end where they started although the oracle's moved: no step found a gradient."""
+    if all(torch.equal(actual_params[n], p) for n, p in initial.items() if n in actual_params) and \
+            not all(torch.equal(expected_params[n], p) for n, p in initial.items()):
+        return ("the weights never moved although updates closed: the optimizer step found no gradients. Clear the "
+                "gradients last (zero_grad after the step), never before the step")
+    return ""
+
+
+def forward_lr_hint(forward_lrs: list, expected_records: list) -> str:
+    """The rule that the param groups' lr at the forward passes break: groups that disagree, the previous
+    micro-step's lr wherever one differs (the run's first forward may still hold the optimizer's initial lr), or
+    a stale one."""
+    wrong = [(index, lrs) for index, (lrs, want) in enumerate(zip(forward_lrs, expected_records))
+             if not all(math.isclose(lr, want["lr"], rel_tol=1e-12) for lr in lrs)]
+    if not wrong:
+        return ""
+    if any(not math.isclose(lr, lrs[0], rel_tol=1e-12) for _, lrs in wrong for lr in lrs):
+        return ("the param groups hold different lrs at a forward pass: write the lr into EVERY "
+                "optimizer.param_groups entry, not only the first")
+    late = [index for index, lrs in wrong if index > 0
+            and math.isclose(lrs[0], expected_records[index - 1]["lr"], rel_tol=1e-12)]
+    if late and len(late) == len([index for index, _ in wrong if index > 0]):
+        return ("each forward runs at the previous micro-step's lr, one micro-step late: write micro-step s's lr "
+                "into the param groups before its forward (and so before its update), not after")
+    return ("a stale lr at a forward pass: write each micro-step's lr into every param group at EVERY micro-step, "
+            "before its forward, not only before an update")
+
+
+def update_hint(scenario: LoopScenario, records, index: int, run_cause: str = "") -> str:
+    """The loss, a norm or the parameters first differ at ``index`` while every earlier lr, loss and norm matched:
+    name ``run_cause`` (what the whole run shows: weights that never moved, a wrong lr at the forward passes) or
+    what only the updates before it use (the clipping)."""
+    if run_cause:
+        return f"all earlier records matched; likely {run_cause}"
     clipped = [(r["epoch"], r["step"]) for r in records[:index] if r["update_closed"] and r["grad_norm"] is not None
                and math.isfinite(r["grad_norm"]) and r["grad_norm"] > scenario.grad_clip]
     if clipped:
-        causes.append(f"no clipping to grad_clip: the updates at (epoch, step) {clipped} had pre-clip norms above "
-                      f"grad_clip={scenario.grad_clip} (clip_grad_norm_(model.parameters(), grad_clip), after "
-                      "unscale_)")
-    return "all earlier records matched; likely " + " or ".join(causes) if causes else ""
+        return (f"all earlier records matched; likely no clipping to the grad_clip passed: the updates at (epoch, "
+                f"step) {clipped} had pre-clip norms above grad_clip={scenario.grad_clip} "
+                "(clip_grad_norm_(model.parameters(), grad_clip), after unscale_)")
+    return ""
 
 
 @contextlib.contextmanager

@@ -2,18 +2,24 @@
 equivalent PASSES every check (tests/test_mistakes.py proves both)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..catalogue import equivalent, mistake
 from ..student_tests import COMPARE_EVERY_PARAMETER, assert_gradients, weak_comparisons
-from .checks import (cosine_lr_matches_get_lr, cosine_lr_rejects_bad_arguments, scale_loss_divides_by_k, should_flush_only_a_partial_window,
-                     should_flush_rejects_bad_arguments, should_step_at_window_ends, should_step_rejects_bad_arguments)
+from .checks import (cosine_lr_matches_get_lr, cosine_lr_rejects_bad_arguments, cosine_lr_returns_a_python_float,
+                     scale_loss_divides_by_k, should_flush_only_a_partial_window, should_flush_rejects_bad_arguments,
+                     should_flush_returns_a_bool, should_step_at_window_ends, should_step_rejects_bad_arguments,
+                     should_step_returns_a_bool)
 from .extensions import (accumulation_divisor_gives_the_tail_its_mean_gradient, accumulation_divisor_is_k_then_r,
                          accumulation_divisor_rejects_bad_arguments, adamw_param_groups_exempt_norms_and_embeddings,
                          adamw_param_groups_reject_bad_weight_decay, lr_per_update_follows_the_update_count,
                          lr_per_update_rejects_bad_arguments, update_cadence_counts_updates,
                          update_cadence_rejects_bad_arguments, warmup_cosine_lr_ramps_then_follows_get_lr,
                          warmup_schedule_rejects_bad_arguments)
-from .loop import (train_one_epoch_clears_gradients_to_none, train_one_epoch_marks_the_tail_flush,
-                   train_one_epoch_matches_oracle_amp, train_one_epoch_matches_oracle_fp32,
+from .loop import (train_one_epoch_clears_gradients_to_none, train_one_epoch_emits_no_warnings,
+                   train_one_epoch_marks_the_tail_flush, train_one_epoch_matches_oracle_amp,
+                   train_one_epoch_matches_oracle_fp32, train_one_epoch_records_python_values,
+                   train_one_epoch_reports_a_norm_only_where_an_update_closed,
                    train_one_epoch_returns_nothing_for_an_empty_epoch, train_one_epoch_scaler_none_is_disabled,
                    train_one_epoch_sets_lr_in_every_param_group, train_one_epoch_syncs_once_per_epoch)
 from .loop_arguments import train_one_epoch_accepts_boundary_arguments, train_one_epoch_rejects_bad_arguments
@@ -38,59 +44,85 @@ LOOP_LR_AT_UPDATES_ONLY = (
         '            grad_norms[step], skipped = _optimizer_update(model, optimizer, scaler, grad_clip)\n'
         '            if skipped:\n                skipped_steps.add(step)\n        steps.append(step)\n'
         '        lrs.append(lr)')
+# The lr written after the micro-step's update instead of before its forward: every forward and update runs at the
+# previous micro-step's lr.
+LR_WRITE = '        for group in optimizer.param_groups:\n            group["lr"] = lr\n'
+LOOP_LR_AFTER_THE_UPDATE = LOOP_LR_EVERY_MICRO_STEP.replace(LR_WRITE, "").replace(
+    "        steps.append(step)\n", LR_WRITE + "        steps.append(step)\n")
 # From the records' lr to the tail flush's update, unchanged by both.
 LOOP_END_TO_TAIL_FLUSH = (
         '  # what the optimizer really holds, as upstream logs it\n        losses.append(loss.detach())\n'
         '        aux_losses.append(out.aux_loss.detach())\n\n    tail_step = None\n'
         '    if should_flush_tail(last_step, start_step, accumulation_steps):\n        tail_step = last_step\n')
 
+# The words of the rule that each weakened reference test's failure names (its hint: course/checks/wrong_gradients.py).
+WEAK_TEST_RULES = {
+    "test_swallows_errors": "let it propagate", "test_largest_element_only": "compares some elements",
+    "test_first_rows_only": "compares some elements", "test_strided_elements": "not every element of it",
+    "test_cosine_only": "compares directions only",
+    "test_skips_missing_gradients": "skips a parameter without a gradient",
+    "test_skips_small_gradients": "compare EVERY parameter's gradient", "test_asserts_nothing": "compares nothing",
+    "test_one_parameter_only": "compare EVERY parameter's gradient",
+    "test_gradient_norm_only": "not one tensor, a norm or a sum", "test_rtol_one_percent": "lets a 1% error through",
+    "test_tolerance_far_too_loose": "tolerance is larger than the gradients",
+    "test_assert_close_defaults": "assert_close's float32 default",
+    "test_compares_norms_per_parameter": "cannot see a sign",
+    "test_compares_sums": "cannot see where its values are", "test_abs_values": "cannot see a sign",
+    "test_skips_vectors": "compare EVERY parameter's gradient",
+}
+
 MISTAKES = [
     mistake("off_by_one_step", "steps when (step + 1) % K == 0 (upstream before PR #698, issue #691)",
         "should_step_optimizer", "return step % accumulation_steps == 0", "return (step + 1) % accumulation_steps == 0",
-        should_step_at_window_ends),
+        should_step_at_window_ends, rule="1-based"),
     mistake("old_cosine_peaks_at_1_1", "lr/10 + 0.5*lr*(1+cos): the old formula, starts at 1.1*lr",
         "cosine_lr", "base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
         "base_lr / 10 + 0.5 * base_lr * (1 + math.cos(math.pi * current_step / total_steps))",
-        cosine_lr_matches_get_lr),
+        cosine_lr_matches_get_lr, rule="starts at 1.1 x base_lr instead of base_lr"),
     mistake("loss_not_divided", "backpropagates the raw loss: K micro-batches sum instead of average",
-        "scale_loss_for_accumulation", "return loss / accumulation_steps", "return loss", scale_loss_divides_by_k),
+        "scale_loss_for_accumulation", "return loss / accumulation_steps", "return loss", scale_loss_divides_by_k,
+        rule="not divided by K"),
     mistake("clip_before_unscale", "clips the still-scaled gradients, then unscales",
         "_optimizer_update",
-        "    scaler.unscale_(optimizer)\n    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
-        "    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n    scaler.unscale_(optimizer)\n",
-        train_one_epoch_matches_oracle_amp),
+        "    scaler.unscale_(optimizer)\n"
+        "    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n",
+        "    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)\n"
+        "    scaler.unscale_(optimizer)\n",
+        train_one_epoch_matches_oracle_amp, rule="unscale first"),
     mistake("no_tail_flush", "never flushes an epoch's partial last window: its gradients leak into the next "
         "epoch's first update (K + r micro-batches) and are lost after the last epoch",
         "train_one_epoch", "if should_flush_tail(last_step, start_step, accumulation_steps):", "if False:",
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="the tail flush is missing"),
     mistake("lr_only_at_optimizer_steps", "writes the lr into the optimizer only on update micro-steps",
         "train_one_epoch", '        for group in optimizer.param_groups:\n            group["lr"] = lr\n',
         '        if should_step_optimizer(step, accumulation_steps):\n'
         '            for group in optimizer.param_groups:\n                group["lr"] = lr\n',
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="at EVERY micro-step"),
     mistake("forgets_aux_loss", "trains on the LM loss only: the MoE router's balance loss is lost",
-        "train_one_epoch", "loss = out.loss + out.aux_loss", "loss = out.loss", train_one_epoch_matches_oracle_fp32),
+        "train_one_epoch", "loss = out.loss + out.aux_loss", "loss = out.loss", train_one_epoch_matches_oracle_fp32,
+        rule="the aux loss is not in the loss"),
     mistake("schedule_ignores_epoch", "cosine_lr(step, ...) restarts the schedule every epoch",
         "train_one_epoch",
         "cosine_lr(epoch * iters + step, epochs * iters, base_lr)", "cosine_lr(step, epochs * iters, base_lr)",
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="restarts every epoch"),
     mistake("ignores_start_step", "counts micro-steps from 1 after a resume",
         "train_one_epoch", "enumerate(loader, start=start_step + 1)", "enumerate(loader, start=1)",
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="micro-steps continue after a resume"),
     mistake("zero_grad_every_micro_step", "clears gradients before each backward: nothing accumulates",
         "train_one_epoch", "        scaler.scale(scaled_loss).backward()\n",
         "        optimizer.zero_grad(set_to_none=True)\n        scaler.scale(scaled_loss).backward()\n",
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="zeroed every micro-step"),
     mistake("flush_ignores_start_step", "flushes whenever last_step % K != 0, also after a resume that ran nothing",
         "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
-        "return last_step % accumulation_steps != 0", should_flush_only_a_partial_window),
+        "return last_step % accumulation_steps != 0", should_flush_only_a_partial_window, rule="ran no micro-step"),
     mistake("flush_counts_windows_from_start_step", "(last - start) % K: windows restart at the resume point",
         "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
         "return last_step > start_step and (last_step - start_step) % accumulation_steps != 0",
-        should_flush_only_a_partial_window),
+        should_flush_only_a_partial_window, rule="not from start_step"),
     mistake("loss_loses_graph", "rebuilds the scaled loss from .item(): no gradient reaches the model",
         "scale_loss_for_accumulation", "return loss / accumulation_steps",
-        "return torch.tensor(loss.item() / accumulation_steps, requires_grad=True)", scale_loss_divides_by_k),
+        "return torch.tensor(loss.item() / accumulation_steps, requires_grad=True)", scale_loss_divides_by_k,
+        rule="lose its graph"),
     mistake("step_accepts_negative_k", "should_step_optimizer refuses K == 0 only",
         "should_step_optimizer",
         "    if accumulation_steps <= 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
@@ -112,58 +144,66 @@ MISTAKES = [
         "if not 0 <= start_step <= iters:", "if start_step > iters:", train_one_epoch_rejects_bad_arguments),
     mistake("empty_epoch_crashes", "stacks the losses of an epoch that ran nothing: torch.stack([]) raises",
         "train_one_epoch",
-        "    if not steps:\n        return []\n", "", train_one_epoch_returns_nothing_for_an_empty_epoch),
+        "    if not steps:\n        return []\n", "", train_one_epoch_returns_nothing_for_an_empty_epoch,
+        rule="return [] early"),
     mistake("lr_in_first_group_only", "writes the lr into param_groups[0] only: other groups keep a stale lr",
         "train_one_epoch", '        for group in optimizer.param_groups:\n            group["lr"] = lr\n',
-        '        optimizer.param_groups[0]["lr"] = lr\n', train_one_epoch_sets_lr_in_every_param_group),
+        '        optimizer.param_groups[0]["lr"] = lr\n', train_one_epoch_sets_lr_in_every_param_group,
+        rule="EVERY optimizer.param_groups entry"),
     mistake("scaler_none_enabled", "scaler=None builds an enabled GradScaler: fp32 runs skip overflowed updates",
         "train_one_epoch", "scaler = torch.amp.GradScaler(torch.device(device).type, enabled=False)",
         "scaler = torch.amp.GradScaler(torch.device(device).type, enabled=True)",
-        train_one_epoch_scaler_none_is_disabled),
+        train_one_epoch_scaler_none_is_disabled, rule="never skips"),
     mistake("overflow_never_reported", "records overflow_skipped=False even when the GradScaler skipped the step",
         "train_one_epoch", '"overflow_skipped": s in skipped_steps,', '"overflow_skipped": False,',
-        train_one_epoch_matches_oracle_amp),
+        train_one_epoch_matches_oracle_amp, rule="report overflow_skipped=True there"),
     mistake("skipped_update_not_closed", "update_closed only where parameters changed: a skipped window looks open",
         "train_one_epoch",
         '"update_closed": s in norm_values,', '"update_closed": s in norm_values and s not in skipped_steps,',
-        train_one_epoch_matches_oracle_amp),
+        train_one_epoch_matches_oracle_amp, rule="a skipped update still closes its window"),
     mistake("records_scaled_loss", "records loss / K instead of the micro-batch's loss",
         "train_one_epoch", "losses.append(loss.detach())", "losses.append(scaled_loss.detach())",
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="record the unscaled loss"),
     mistake("tail_flush_not_marked", "the tail flush runs but no record says tail_flush",
         "train_one_epoch",
-        '"tail_flush": s == tail_step}', '"tail_flush": False}', train_one_epoch_marks_the_tail_flush),
+        '"tail_flush": s == tail_step}', '"tail_flush": False}', train_one_epoch_marks_the_tail_flush,
+        rule="tail_flush=True"),
     mistake("grad_norm_zero_without_update", "grad_norm 0.0 instead of None on micro-steps without an update",
         "train_one_epoch", '"grad_norm": norm_values.get(s),', '"grad_norm": norm_values.get(s, 0.0),',
-        train_one_epoch_marks_the_tail_flush),
+        train_one_epoch_reports_a_norm_only_where_an_update_closed, rule="not 0.0"),
     mistake("overflow_on_scale_growth", "reports a skipped step whenever the scale changed: a growing scale "
         "(growth_interval updates without inf/NaN) is not an overflow",
         "_optimizer_update", "scaler.get_scale() < scale_before", "scaler.get_scale() != scale_before",
-        train_one_epoch_matches_oracle_amp),
+        train_one_epoch_matches_oracle_amp, rule="a scale that grows"),
     mistake("tail_overflow_not_reported", "an overflow in the tail flush is skipped but not recorded",
         "train_one_epoch", "        if skipped:\n            skipped_steps.add(tail_step)\n", "",
-        train_one_epoch_matches_oracle_amp),
+        train_one_epoch_matches_oracle_amp, rule="in the tail flush too"),
     mistake("clip_hard_coded", "clip_grad_norm_(..., 1.0): the default grad_clip, whatever the caller passes",
         "_optimizer_update", "clip_grad_norm_(model.parameters(), grad_clip)",
-        "clip_grad_norm_(model.parameters(), 1.0)", train_one_epoch_matches_oracle_fp32),
+        "clip_grad_norm_(model.parameters(), 1.0)", train_one_epoch_matches_oracle_fp32,
+        rule="clipping to the grad_clip passed"),
     mistake("no_clipping", "measures the norm with max_norm=inf: nothing is ever clipped",
         "_optimizer_update", "clip_grad_norm_(model.parameters(), grad_clip)",
-        'clip_grad_norm_(model.parameters(), float("inf"))', train_one_epoch_matches_oracle_fp32),
+        'clip_grad_norm_(model.parameters(), float("inf"))', train_one_epoch_matches_oracle_fp32,
+        rule="clipping to the grad_clip passed"),
     mistake("zero_grad_keeps_zeros", "zero_grad(set_to_none=False): zero tensors stay allocated after each update",
         "_optimizer_update", "set_to_none=True", "set_to_none=False", train_one_epoch_clears_gradients_to_none),
     mistake("tail_flush_from_iters", "decides the flush from iters, not from the last micro-step run: a loader "
         "that ends early is flushed wrongly (or twice)", "train_one_epoch",
         "if should_flush_tail(last_step, start_step, accumulation_steps):",
-        "if should_flush_tail(iters, start_step, accumulation_steps):", train_one_epoch_matches_oracle_fp32),
+        "if should_flush_tail(iters, start_step, accumulation_steps):", train_one_epoch_matches_oracle_fp32,
+        rule="never from iters"),
     mistake("host_sync_every_micro_step", "loss.item() at every micro-step: one device-to-host sync each",
         "train_one_epoch", "losses.append(loss.detach())", "losses.append(torch.tensor(loss.item()))",
-        train_one_epoch_syncs_once_per_epoch),
+        train_one_epoch_syncs_once_per_epoch, rule="convert them after the loop"),
     mistake("stale_lr_in_tail_flush", "records the lr it computes but writes it into the optimizer only where a "
         "window closes: the tail flush steps with the last boundary's lr", "train_one_epoch",
-        LOOP_LR_EVERY_MICRO_STEP, LOOP_LR_AT_UPDATES_ONLY, train_one_epoch_matches_oracle_fp32),
+        LOOP_LR_EVERY_MICRO_STEP, LOOP_LR_AT_UPDATES_ONLY, train_one_epoch_matches_oracle_fp32,
+        rule="not only before an update"),
     mistake("aux_not_in_backward", "records out.loss + out.aux_loss but backpropagates out.loss / K only",
         "train_one_epoch", "scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)",
-        "scaled_loss = scale_loss_for_accumulation(out.loss, accumulation_steps)", train_one_epoch_matches_oracle_fp32),
+        "scaled_loss = scale_loss_for_accumulation(out.loss, accumulation_steps)", train_one_epoch_matches_oracle_fp32,
+        rule="the aux loss is not in the backward"),
     mistake("k_checked_by_scale_loss", "no accumulation_steps check of its own: the error comes from the first "
         "micro-step's scale_loss_for_accumulation, after the loader started", "train_one_epoch",
         '    if accumulation_steps <= 0:\n        raise ValueError(f"accumulation_steps must be >= 1, got '
@@ -174,27 +214,30 @@ MISTAKES = [
     mistake("rejects_one_batch_epoch", "iters <= 1 refused: an epoch of one micro-batch is valid",
         "train_one_epoch", "if iters <= 0:", "if iters <= 1:", train_one_epoch_accepts_boundary_arguments),
     # the student's test (reference: course/reference/train_loop.py) with one edit each
-    *weak_comparisons("test_accumulation_matches_big_batch", "1e-4", accumulation_test_passes_correct_and_fails_wrong,
-                      "    accumulate_gradients(model, list(zip(input_ids.split(micro_size), "
-                      "labels.split(micro_size))), k)\n"),
+    *(replace(weak, rule=WEAK_TEST_RULES[weak.name]) for weak in weak_comparisons(
+        "test_accumulation_matches_big_batch", "1e-4", accumulation_test_passes_correct_and_fails_wrong,
+        "    accumulate_gradients(model, list(zip(input_ids.split(micro_size), labels.split(micro_size))), k)\n")),
     mistake("test_bitwise", "rtol=0, atol=0: float rounding of a correct accumulation fails it",
         "test_accumulation_matches_big_batch",
-        "rtol=1e-4, atol=1e-6,", "rtol=0.0, atol=0.0,", accumulation_test_passes_correct_and_fails_wrong),
+        "rtol=1e-4, atol=1e-6,", "rtol=0.0, atol=0.0,", accumulation_test_passes_correct_and_fails_wrong,
+        rule="compare with a tolerance"),
     mistake("test_with_k_1", "one micro-batch of 6: a missing division by K cannot show",
         "test_accumulation_matches_big_batch",
-        "k, micro_size = 2, 3", "k, micro_size = 1, 6", accumulation_test_passes_correct_and_fails_wrong),
+        "k, micro_size = 2, 3", "k, micro_size = 1, 6", accumulation_test_passes_correct_and_fails_wrong,
+        rule="use K >= 2"),
     mistake("test_micro_batch_size_equals_k", "2 micro-batches of 2: dividing by the micro-batch size looks right",
         "test_accumulation_matches_big_batch",
-        "k, micro_size = 2, 3", "k, micro_size = 2, 2", accumulation_test_passes_correct_and_fails_wrong),
+        "k, micro_size = 2, 3", "k, micro_size = 2, 2", accumulation_test_passes_correct_and_fails_wrong,
+        rule="micro-batch size different from K"),
     mistake("test_identical_micro_batches", "the same 3 samples in every micro-batch: one micro-batch alone "
         "already has the big batch's gradient",
         "test_accumulation_matches_big_batch",
         "input_ids, labels = tiny_batches(k * micro_size, scenario.max_length, 1, seed=0)[0]",
         "input_ids, labels = (t.repeat(k, 1) for t in tiny_batches(micro_size, scenario.max_length, 1, "
-        "seed=0)[0])", accumulation_test_passes_correct_and_fails_wrong),
+        "seed=0)[0])", accumulation_test_passes_correct_and_fails_wrong, rule="use different samples"),
     mistake("test_expects_summed_gradient", "expects K x the big batch's gradient (the sum, not the mean)",
         "test_accumulation_matches_big_batch", "param.grad, expected.grad,", "param.grad, expected.grad * k,",
-        accumulation_test_passes_correct_and_fails_wrong),
+        accumulation_test_passes_correct_and_fails_wrong, rule="the whole batch's mean loss"),
     # the optional extensions (§10)
     mistake("tail_still_divided_by_k", "accumulation_divisor returns K everywhere: upstream's tail of r/K",
         "accumulation_divisor",
@@ -271,16 +314,17 @@ MISTAKES = [
         "train_one_epoch", LOOP_LR_EVERY_MICRO_STEP + LOOP_END_TO_TAIL_FLUSH,
         LOOP_LR_AT_UPDATES_ONLY + LOOP_END_TO_TAIL_FLUSH
         + '        for group in optimizer.param_groups:\n            group["lr"] = lr\n',
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="not only before an update"),
     mistake("flush_from_loader_length", "decides the tail flush from start_step + len(loader): a generator has no "
         "length", "train_one_epoch", "if should_flush_tail(last_step, start_step, accumulation_steps):",
         "if should_flush_tail(start_step + len(loader), start_step, accumulation_steps):",
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="do not call len(loader)"),
     mistake("iters_checked_before_k", "checks iters before accumulation_steps: with both bad, iters is named",
         "train_one_epoch",
         '    if accumulation_steps <= 0:\n        raise ValueError(f"accumulation_steps must be >= 1, got '
         '{accumulation_steps}")\n    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n',
-        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n    if accumulation_steps <= 0:'
+        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n'
+        '    if accumulation_steps <= 0:'
         '\n        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")\n',
         train_one_epoch_rejects_bad_arguments),
     mistake("cosine_checks_step_first", "checks current_step before total_steps: (-1, 0) names current_step",
@@ -295,41 +339,58 @@ MISTAKES = [
     mistake("cosine_returns_tensor", "returns a float64 0-dim tensor: equal to the float, but not one",
         "cosine_lr", "return base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
         "return torch.tensor(base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps))), "
-        "dtype=torch.float64)", cosine_lr_matches_get_lr),
+        "dtype=torch.float64)", cosine_lr_returns_a_python_float),
     mistake("step_returns_int", "returns int(...): 0 / 1 instead of a bool",
         "should_step_optimizer", "return step % accumulation_steps == 0", "return int(step % accumulation_steps == 0)",
-        should_step_at_window_ends),
+        should_step_returns_a_bool),
     mistake("flush_returns_int", "returns int(...): 0 / 1 instead of a bool",
         "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
         "return int(last_step > start_step and last_step % accumulation_steps != 0)",
-        should_flush_only_a_partial_window),
+        should_flush_returns_a_bool),
     # rules an outside student's wrong variants broke unseen (each scenario varied across its range since)
     mistake("hardcoded_base_lr", "cosine_lr(..., 5e-4): the schedule of one fixed base_lr, whatever the caller passes",
         "train_one_epoch", "cosine_lr(epoch * iters + step, epochs * iters, base_lr)",
-        "cosine_lr(epoch * iters + step, epochs * iters, 5e-4)", train_one_epoch_matches_oracle_fp32),
+        "cosine_lr(epoch * iters + step, epochs * iters, 5e-4)", train_one_epoch_matches_oracle_fp32,
+        rule="proportional to the caller's base_lr"),
     mistake("skipped_norm_recorded_finite", "a skipped update (inf/NaN gradients) records grad_norm 0.0, not the "
         "non-finite pre-clip norm", "_optimizer_update", "return grad_norm, scale_before",
-        "return torch.nan_to_num(grad_norm, posinf=0.0), scale_before", train_one_epoch_matches_oracle_amp),
+        "return torch.nan_to_num(grad_norm, posinf=0.0), scale_before", train_one_epoch_matches_oracle_amp,
+        rule="never a finite stand-in"),
     mistake("tail_flush_on_last_boundary", "tail_flush=True also where a window closes on its K-th micro-step at "
         "step == iters", "train_one_epoch", '"tail_flush": s == tail_step}', '"tail_flush": s in (tail_step, iters)}',
-        train_one_epoch_matches_oracle_fp32),
+        train_one_epoch_matches_oracle_fp32, rule="not even at step == iters"),
     mistake("clip_first_group_only", "measures and clips param_groups[0]'s gradients only: other groups are "
         "neither counted in the norm nor clipped", "_optimizer_update",
         "clip_grad_norm_(model.parameters(), grad_clip)",
-        'clip_grad_norm_(optimizer.param_groups[0]["params"], grad_clip)', train_one_epoch_matches_oracle_fp32),
+        'clip_grad_norm_(optimizer.param_groups[0]["params"], grad_clip)', train_one_epoch_matches_oracle_fp32,
+        rule="not one param group's"),
     mistake("host_copy_every_micro_step", "loss.detach().cpu() at every micro-step: a device-to-host copy each",
         "train_one_epoch", "losses.append(loss.detach())", "losses.append(loss.detach().cpu())",
-        train_one_epoch_syncs_once_per_epoch),
+        train_one_epoch_syncs_once_per_epoch, rule="a host copy (cpu) per micro-step"),
     mistake("numpy_every_micro_step", "the loss through .numpy() at every micro-step: a host copy each",
         "train_one_epoch", "losses.append(loss.detach())", "losses.append(torch.from_numpy(loss.detach().numpy()))",
-        train_one_epoch_syncs_once_per_epoch),
+        train_one_epoch_syncs_once_per_epoch, rule="a host copy (numpy) per micro-step"),
     mistake("scaler_none_for_cuda", "scaler=None builds torch.amp.GradScaler(): a CUDA scaler (enabled on a GPU, "
         "a warning and disabled on a CPU-only machine)", "train_one_epoch",
         "scaler = torch.amp.GradScaler(torch.device(device).type, enabled=False)", "scaler = torch.amp.GradScaler()",
-        train_one_epoch_scaler_none_is_disabled),
+        train_one_epoch_emits_no_warnings),
     mistake("records_loss_tensors", "keeps the losses as 0-dim tensors in the records instead of Python floats",
         "train_one_epoch", "loss_values = torch.stack(losses).float().tolist()",
-        "loss_values = list(torch.stack(losses).float())", train_one_epoch_matches_oracle_fp32),
+        "loss_values = list(torch.stack(losses).float())", train_one_epoch_records_python_values),
+    # variants whose failure once named another mistake's rule (issue 25): each now gets its own
+    mistake("lr_one_micro_step_late", "writes the lr after the micro-step's update: every forward and update runs "
+        "at the previous micro-step's lr", "train_one_epoch", LOOP_LR_EVERY_MICRO_STEP, LOOP_LR_AFTER_THE_UPDATE,
+        train_one_epoch_sets_lr_in_every_param_group, rule="one micro-step late"),
+    mistake("zero_grad_before_step", "clears the gradients before the step: the step finds none, the weights never "
+        "move", "_optimizer_update",
+        "    scaler.step(optimizer)\n    scaler.update()\n    optimizer.zero_grad(set_to_none=True)\n",
+        "    optimizer.zero_grad(set_to_none=True)\n    scaler.step(optimizer)\n    scaler.update()\n",
+        train_one_epoch_matches_oracle_fp32, rule="zero_grad after the step"),
+    mistake("loss_divided_twice", "divides the result of scale_loss_for_accumulation by K again: every update's "
+        "gradient is 1/K of the mean", "train_one_epoch",
+        "scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps)",
+        "scaled_loss = scale_loss_for_accumulation(loss, accumulation_steps) / accumulation_steps",
+        train_one_epoch_matches_oracle_fp32, rule="divided by K twice"),
 ]
 
 EQUIVALENTS = [

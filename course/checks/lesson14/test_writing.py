@@ -41,7 +41,8 @@ def accumulate_dividing_by_micro_batch_size(model, micro_batches, accumulation_s
 
 WRONG_ACCUMULATIONS = (
     WrongImplementation("accumulate_without_dividing", "backpropagates each micro-batch loss undivided (K times the "
-                        "gradient)", "its gradient is K times too large; with K = 1 dividing by K changes nothing: use K >= 2 "
+                        "gradient)", "its gradient is K times too large; with K = 1 dividing by K changes nothing: "
+                        "use K >= 2 "
                         "micro-batches",
                         accumulate_without_dividing),
     WrongImplementation("accumulate_dividing_twice", "backpropagates loss / K / K (1/K of the gradient)",
