@@ -23,7 +23,8 @@ from .session import (session_abort_discards_the_update, session_clips_the_updat
                       session_reports_totals_only_when_an_update_closes, session_sets_lr_in_every_group,
                       session_state_round_trip_at_a_boundary)
 from .session_runtime import (session_accumulates_detached_loss_sums,
-                              session_amp_scaler_overflow_and_unscale_before_clip, session_keeps_loss_sums_on_device,
+                              session_amp_scaler_overflow_and_unscale_before_clip,
+                              session_closing_microstep_all_reduces_under_ddp, session_keeps_loss_sums_on_device,
                               session_keeps_the_callers_loss_sums, session_runs_every_backward,
                               session_scaler_growth_is_no_skip, session_skip_detection_follows_any_scaler_factors,
                               session_skipped_update_calls_no_after_update,
@@ -113,6 +114,13 @@ MISTAKES = [
         'sync_ctx = no_sync() if no_sync is not None and not closes_update else nullcontext()',
         'sync_ctx = nullcontext()',
         session_uses_no_sync_before_the_last_microstep),
+    mistake('no_sync_on_the_closing_microstep', 'runs the micro-steps that close an update inside no_sync and the '
+        'others outside: under DDP no update is all-reduced',
+        "TrainingSession._train_step",
+        'sync_ctx = no_sync() if no_sync is not None and not closes_update else nullcontext()',
+        'sync_ctx = no_sync() if no_sync is not None and closes_update else nullcontext()',
+        session_closing_microstep_all_reduces_under_ddp,
+        rule='runs outside no_sync()'),
     mistake('floor_steps_per_epoch', 'sample_count // global_batch_size: the short tail update is lost',
         "steps_per_epoch", 'return -(-sample_count // global_batch_size)',
         'return sample_count // global_batch_size',

@@ -307,8 +307,8 @@ def session_sets_lr_in_every_group(impl):
 @check("TrainingSession", objective="resume", hidden=True)
 def session_state_round_trip_at_a_boundary(impl):
     """state() after an update reports its lr (the last options.lr) and optimizer_step; load_state of it on a
-    fresh session restores both (the lr in every param group) and the next update counts on from there; after
-    load_state, state() reports what was loaded."""
+    fresh session (two param groups, or one) restores both (the lr in every param group) and the next update
+    counts on from there; after load_state, state() reports what was loaded."""
     batches = masked_micro_batches()[:2]
     saved_from = new_session(impl, 2, two_param_groups=True)
     run_update(saved_from, batches, lr=0.025)
@@ -318,16 +318,21 @@ def session_state_round_trip_at_a_boundary(impl):
         expect_equal("state().lr after one update at options.lr 0.025", boundary.lr, 0.025)
     with rule("state().optimizer_step is the number of optimizer steps taken"):
         expect_equal("state().optimizer_step after one update", boundary.optimizer_step, 1)
-    restored = new_session(impl, 2, two_param_groups=True)
-    restored.load_state(boundary)
-    with rule("load_state restores optimizer_step: the resumed run counts on from the saved one"):
-        expect_equal("optimizer_step after load_state(state at update 1)", restored.optimizer_step, 1)
+    for groups in (2, 1):
+        restored = new_session(impl, 2, two_param_groups=groups == 2)
+        restored.load_state(boundary)
+        with rule("load_state restores optimizer_step: the resumed run counts on from the saved one"):
+            expect_equal("optimizer_step after load_state(state at update 1)", restored.optimizer_step, 1)
+        with rule("load_state writes state.lr into every param group"):
+            expect_equal(f"lrs of the {groups} param group(s) after load_state(state with lr 0.025)", lrs(restored),
+                         [0.025] * groups)
         report = run_update(restored, batches)[-1]
-        expect_equal("optimizer_step reported by the first update after load_state(state at update 1)",
-                     report.optimizer_step, 2)
-    with rule("load_state writes state.lr into every param group"):
-        expect_equal("lrs of both param groups after load_state(state with lr 0.025)", lrs(restored),
-                     [0.025, 0.025])
+        with rule("load_state restores optimizer_step: the resumed run counts on from the saved one"):
+            expect_equal("optimizer_step reported by the first update after load_state(state at update 1)",
+                         report.optimizer_step, 2)
+        with rule("state() reports the session as it is now: the lr param group 0 holds and optimizer_step"):
+            expect_equal(f"state() (lr, optimizer_step) after that update, {groups} param group(s)",
+                         (restored.state().lr, restored.state().optimizer_step), (0.025, 2))
     saved_from.load_state(replace(boundary, lr=0.05, optimizer_step=5))
     with rule("state() reports the session as it is now: after load_state, the loaded lr and optimizer_step "
               "(not the last options.lr the session saw)"):

@@ -49,33 +49,57 @@ def session_keeps_loss_sums_on_device(impl):
         expect_equal("host syncs during 3 non-final micro-steps", calls, [])
 
 
+class SyncRecorder(torch.nn.Module):
+    """A DDP-like model: it has ``no_sync()`` and records, per forward, whether it ran inside it (DDP decides in
+    the forward whether the backward all-reduces)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.in_no_sync, self.forward_log = inner, False, []
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.in_no_sync = True
+        try:
+            yield
+        finally:
+            self.in_no_sync = False
+
+    def forward(self, input_ids, labels=None):
+        self.forward_log.append(self.in_no_sync)
+        return self.inner(input_ids, labels=labels)
+
+
+def ddp_like_session(impl, k: int):
+    model = SyncRecorder(tiny_model(SESSION_SCENARIO))
+    return impl.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1), accumulation_steps=k)
+
+
+@check("TrainingSession", objective="token_weighting", hidden=True)
+def session_closing_microstep_all_reduces_under_ddp(impl):
+    """A DDP-like model (it has no_sync): the micro-step that closes an update, at the K-th micro-step or on
+    force_update, runs outside no_sync(): its backward is where DDP all-reduces the update's gradient over the
+    ranks. (no_sync on the other micro-steps saves communication: the hardening tier's.)"""
+    session = ddp_like_session(impl, 2)
+    run_update(session, masked_micro_batches()[:2])
+    run_update(session, masked_micro_batches()[2:3])      # a tail of one micro-step (force_update)
+    closing = [session.model.forward_log[i] for i in (1, 2)]
+    with rule("the micro-step that closes the update runs outside no_sync(): under DDP its backward all-reduces "
+              "the update's gradient; inside no_sync() every rank would step on its own gradient only"):
+        expect_equal("closing micro-steps (the K-th of K=2, a force_update tail) ran inside no_sync()", closing,
+                     [False, False])
+
+
 @check("TrainingSession")
 def session_uses_no_sync_before_the_last_microstep(impl):
     """A DDP-like model (has no_sync): micro-steps that do not close the update run inside no_sync()."""
-    class SyncRecorder(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.in_no_sync, self.forward_log = inner, False, []
-
-        @contextlib.contextmanager
-        def no_sync(self):
-            self.in_no_sync = True
-            try:
-                yield
-            finally:
-                self.in_no_sync = False
-
-        def forward(self, input_ids, labels=None):
-            self.forward_log.append(self.in_no_sync)
-            return self.inner(input_ids, labels=labels)
-    model = SyncRecorder(tiny_model(SESSION_SCENARIO))
-    session = impl.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1), accumulation_steps=4)
+    session = ddp_like_session(impl, 4)
     run_update(session, masked_micro_batches()[:3])
     with rule("when the model has no_sync (DDP), the forward and backward of every micro-step that "
               "does not close the update run inside model.no_sync(), the closing one outside: know "
               "whether a micro-step closes before its forward"):
         expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
-                     model.forward_log, [True, True, False])
+                     session.model.forward_log, [True, True, False])
 
 
 @check("TrainingSession", objective="mixed_precision", hidden=True)
