@@ -144,15 +144,17 @@ def migrate_handles_legacy_boundaries(impl):
     """Legacy states at the edges of their range: one-sample micro-batches and epochs, accum_steps 1 (no micro-step
     is ever dropped), step 0, a window longer than the epoch, the epoch's end with and without a partial window."""
     fields = ("epoch", "update_step_in_epoch", "sample_position", "dropped_microsteps", "global_batch_size")
-    cases = [({"batch_size": 1, "sample_count": 1}, (0, 0, 0, 0, 1)),
-             ({"batch_size": 1, "sample_count": 1, "step": 1}, (1, 0, 0, 0, 1)),                 # the epoch's end
-             ({"batch_size": 3, "sample_count": 10, "accum_steps": 1, "step": 3, "epoch": 2}, (2, 3, 9, 0, 3)),
-             ({"batch_size": 3, "sample_count": 10, "accum_steps": 1, "step": 4, "epoch": 2}, (3, 0, 0, 0, 3)),
-             ({"batch_size": 2, "sample_count": 40, "accum_steps": 4, "step": 0, "epoch": 3}, (3, 0, 0, 0, 8)),
-             ({"batch_size": 4, "sample_count": 10, "accum_steps": 8, "step": 2}, (0, 0, 0, 2, 32)),
-             ({"batch_size": 4, "sample_count": 10, "accum_steps": 8, "step": 3}, (1, 0, 0, 0, 32)),
-             ({"batch_size": 5, "sample_count": 40, "accum_steps": 2, "step": 8, "epoch": 1}, (2, 0, 0, 0, 10))]
-    for state, expected in cases:
+    # (batch_size, sample_count, accum_steps, step, epoch) -> fields: every key given (defaults are §4.5's)
+    cases = [((1, 1, 1, 0, 0), (0, 0, 0, 0, 1)),
+             ((1, 1, 1, 1, 0), (1, 0, 0, 0, 1)),                 # the epoch's end
+             ((3, 10, 1, 3, 2), (2, 3, 9, 0, 3)),
+             ((3, 10, 1, 4, 2), (3, 0, 0, 0, 3)),
+             ((2, 40, 4, 0, 3), (3, 0, 0, 0, 8)),
+             ((4, 10, 8, 2, 0), (0, 0, 0, 2, 32)),
+             ((4, 10, 8, 3, 0), (1, 0, 0, 0, 32)),
+             ((5, 40, 2, 8, 1), (2, 0, 0, 0, 10))]
+    for values, expected in cases:
+        state = dict(zip(("batch_size", "sample_count", "accum_steps", "step", "epoch"), values))
         with rule("only step == the epoch's micro-step count (ceil(sample_count / batch_size)) is the "
                   "epoch's end (next epoch, update 0); every smaller step resumes at its last update "
                   "boundary, step // accum_steps, and drops step % accum_steps micro-steps"):
