@@ -1,8 +1,9 @@
 """Lesson 16: token-weighted accumulation and the single-step TrainingSession - the descriptor.
 
-The checks live beside it (``checks`` the counting functions, ``session`` and ``session_runtime`` the
-TrainingSession, ``migration`` migrate_train_state, ``test_writing`` the student's test), the mistake
-catalogue in ``mistakes``.
+The checks live beside it (``checks`` the counting functions, ``session``, ``session_updates`` and
+``session_runtime`` the TrainingSession, ``migration`` migrate_train_state, ``test_writing`` the student's test),
+the mistake catalogue in ``mistakes``. A core check names the objective below that it grades; the checks without
+one are the hardening tier (lesson 16 §4.5: argument rules and conventions, graded by ``check 16 --all`` only).
 """
 from __future__ import annotations
 
