@@ -70,13 +70,7 @@ class TrainingSession:
     def __init__(self, model, optimizer, *, accumulation_steps: int, scaler=None, autocast=None):
         if accumulation_steps <= 0:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
-        # Python's counterpart of "moving keeps optimizer references valid": the optimizer must
-        # hold the model's own Parameter objects (a deepcopy or a rebuilt model would orphan it).
-        own = {id(p) for p in model.parameters()}
-        foreign = sum(id(p) not in own for g in optimizer.param_groups for p in g["params"])
-        if foreign:
-            raise ValueError(f"optimizer holds {foreign} tensors that are not parameters of model "
-                             "(built on a copy?); build the optimizer from model.parameters()")
+        self._validate_optimizer(model, optimizer)
         self.model, self.optimizer = model, optimizer
         self.accumulation_steps = accumulation_steps
         device_type = next(model.parameters()).device.type
@@ -85,6 +79,16 @@ class TrainingSession:
         self.optimizer_step = 0
         self.accumulation_valid = True
         self._clear_pending()
+
+    @staticmethod
+    def _validate_optimizer(model, optimizer) -> None:
+        """Python's counterpart of "moving keeps optimizer references valid": the optimizer must hold the
+        model's own Parameter objects (a deepcopy or a rebuilt model would orphan it)."""
+        own = {id(p) for p in model.parameters()}
+        foreign = sum(id(p) not in own for g in optimizer.param_groups for p in g["params"])
+        if foreign:
+            raise ValueError(f"optimizer holds {foreign} tensors that are not parameters of model "
+                             "(built on a copy?); build the optimizer from model.parameters()")
 
     def _clear_pending(self) -> None:
         self.microsteps_accumulated = 0
@@ -193,6 +197,14 @@ class TrainingSession:
 LEGACY_DEFAULTS = {"epoch": 0, "step": 0, "accum_steps": 1}
 
 
+def _validate_legacy(legacy: dict) -> None:
+    """Every legacy value is an int in its range (a bool is none, though Python's bool subclasses int)."""
+    for key, low in (("batch_size", 1), ("sample_count", 1), ("accum_steps", 1), ("step", 0), ("epoch", 0)):
+        value = legacy.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"legacy state: {key} must be an int >= {low}, got {value!r}")
+
+
 def migrate_train_state(state: dict) -> dict:
     """Return a training state with global batch-size semantics (the input is not modified).
 
@@ -210,10 +222,7 @@ def migrate_train_state(state: dict) -> dict:
     if semantics is not None:
         raise ValueError(f"batch_size_semantics must be {GLOBAL_SEMANTICS!r} or absent (legacy), got {semantics!r}")
     legacy = {**LEGACY_DEFAULTS, **state}
-    for key, low in (("batch_size", 1), ("sample_count", 1), ("accum_steps", 1), ("step", 0), ("epoch", 0)):
-        value = legacy.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:   # bool subclasses int
-            raise ValueError(f"legacy state: {key} must be an int >= {low}, got {value!r}")
+    _validate_legacy(legacy)
     epoch, step, accum = legacy["epoch"], legacy["step"], legacy["accum_steps"]
     micro_steps_per_epoch = -(-legacy["sample_count"] // legacy["batch_size"])
     if step > micro_steps_per_epoch:

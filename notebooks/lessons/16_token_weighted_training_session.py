@@ -16,7 +16,9 @@
 # Write your code where it says `# YOUR CODE HERE` (delete the `raise NotImplementedError()`), run the
 # cell, then run the test cell under it. The test cells call exactly the checks that
 # `python -m course check 16` runs on `impl/train_session.py`, so both routes grade the same way.
-# Some test cells hold hidden tests that only run when the notebook is graded.
+# Some test cells hold hidden tests that only run when the notebook is graded. The points grade the
+# lesson's objectives (lesson 16 §4 lists them); a `check_NAME_hardening` cell under an exercise runs
+# the optional hardening tier (argument rules and conventions, lesson 16 §4.5) and scores nothing.
 #
 # The API types (`TrainingStepOutput`, `TrainingStepOptions`, `TrainingStepReport`,
 # `TrainingSessionState`, `AccumulationInvalidError`) come from `course/protocol/types.py`. The last

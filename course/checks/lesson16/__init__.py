@@ -1,8 +1,9 @@
 """Lesson 16: token-weighted accumulation and the single-step TrainingSession - the descriptor.
 
-The checks live beside it (``checks`` the counting functions, ``session`` and ``session_runtime`` the
-TrainingSession, ``migration`` migrate_train_state, ``test_writing`` the student's test), the mistake
-catalogue in ``mistakes``.
+The checks live beside it (``checks`` the counting functions, ``session``, ``session_updates`` and
+``session_runtime`` the TrainingSession, ``migration`` migrate_train_state, ``test_writing`` the student's test),
+the mistake catalogue in ``mistakes``. A core check names the objective below that it grades; the checks without
+one are the hardening tier (lesson 16 §4.5: argument rules and conventions, graded by ``check 16 --all`` only).
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ LESSON = Lesson(
     title="Token-weighted gradient accumulation and the single-step TrainingSession",
     module="train_session",
     exercises=[
-        Exercise("count_loss_units", "16 §4.1", points=2),
+        Exercise("count_loss_units", "16 §4.1", points=1),
         Exercise("split_global_batch", "16 §4.2", points=1),
         Exercise("steps_per_epoch", "16 §4.2", points=1),
-        Exercise("TrainingSession", "16 §4.3", points=3, hidden_points=3),
+        Exercise("TrainingSession", "16 §4.3", points=3, hidden_points=4),
         Exercise("test_token_weighted_matches_global_batch", "16 §4.4", points=2),
         Exercise("migrate_train_state", "16 §5.4", points=1, hidden_points=1),
     ],
@@ -27,16 +28,21 @@ LESSON = Lesson(
         "loss_units": "a micro-batch's loss units are its real targets: shifted labels that are not -100",
         "global_batch": "a global batch is cut into micro-batches in order (a short tail too); an epoch has "
                         "ceil(samples / global batch) updates",
-        "token_weighting": "each micro-step's gradient is weighted by gradient_units / normalization_units: the "
-                           "update equals one backward of the whole global batch",
-        "update_boundary": "one optimizer step per update (K micro-steps, or fewer with force_update), with "
-                           "the update's lr and hooks, each update starting clean",
-        "clipping": "the reported norm is the global-batch gradient's before clipping; the update is clipped",
-        "failure_safety": "an error or an abort never lets half an update through",
-        "mixed_precision": "under an enabled GradScaler: unscale before clip, an overflow skips the step",
-        "on_device": "loss sums stay on the device: no host sync per micro-step",
+        "token_weighting": "each micro-step backpropagates loss * gradient_units / normalization_units: the update's "
+                           "gradient equals one backward of the whole global batch, its report the batch's totals",
+        "update_boundary": "one optimizer step per update (the K-th micro-step, or force_update), at the update's "
+                           "lr in every param group, after_update after it, each update starting clean",
+        "clipping": "the update is clipped to clip_grad_norm; the reported norm is the gradient's before clipping",
+        "failure_safety": "an error (later calls refused until reset_accumulation) or a before_update abort never "
+                          "lets half an update through",
+        "mixed_precision": "under autocast and an enabled GradScaler: unscale before clip, an overflow skips the "
+                           "step, reported and not counted, without after_update",
+        "on_device": "loss totals stay detached tensors on the device: no host sync on a micro-step that does not "
+                     "close the update",
+        "resume": "state() and load_state() carry the lr and optimizer_step across a checkpoint at an update "
+                  "boundary",
         "migration": "a legacy micro-batch train state migrates to global-batch semantics at its last update "
-                     "boundary",
+                     "boundary, or at the next epoch once its epoch has ended",
         "test_writing": "your test proves token-weighted accumulation equals one global-batch backward",
     },
     checks=checks_in(checks, session, session_updates, session_runtime, migration, test_writing),

@@ -1,5 +1,6 @@
-"""Mutants of the lesson-16 reference that no check can fail, each with why (``python -m course mutants 16``
-lists the rest: each of those is a gap that a new check closes)."""
+"""Mutants of the lesson-16 reference that no core check can fail, each with why: equivalent to the reference, or
+different only in a rule of the hardening tier (lesson 16 §4.5: the hardening check named in brackets fails it).
+``python -m course mutants 16`` lists the rest: each of those is a gap that a new check closes."""
 
 EQUIVALENT_MUTANTS: dict[str, str] = {
     # the test-writing exercise test_token_weighted_matches_global_batch: other inputs as strong as the reference's
@@ -71,10 +72,32 @@ EQUIVALENT_MUTANTS: dict[str, str] = {
                                                                               "read before or after it, it is the same",
     "TrainingSession._close_update#5: statements swapped with the next one": "zero_grad and the counters' reset are "
                                                                               "independent",
-    "migrate_train_state#1: statements swapped with the next one": "micro_steps_per_epoch reads legacy, not the "
+    "migrate_train_state#2: statements swapped with the next one": "validating legacy and unpacking it are "
+                                                                    "independent",
+    "migrate_train_state#3: statements swapped with the next one": "micro_steps_per_epoch reads legacy, not the "
                                                                     "unpacked names",
-    "migrate_train_state#3: statements swapped with the next one": "the note reads legacy['epoch'], not the new "
+    "migrate_train_state#5: statements swapped with the next one": "the note reads legacy['epoch'], not the new "
                                                                     "epoch",
+    "TrainingSession.__init__#1: statements swapped with the next one": "the identity check reads its arguments, "
+                                                                         "not self.model / self.optimizer",
+    # only a rule of the hardening tier (lesson 16 §4.5) differs: the core's valid inputs train the same
+    "split_global_batch#1: statement removed (Assign)":
+        "without list(samples) a tuple or a range comes back as slices of its own type, equal in values "
+        "(split_global_batch_returns_lists)",
+    "TrainingSession.__init__#1: statement removed (Expr)":
+        "no refusal of an optimizer over other tensors; an optimizer over the model's own parameters trains the "
+        "same (session_rejects_an_optimizer_on_other_tensors)",
+    "migrate_train_state#1: statement removed (Expr)":
+        "no refusal of bad legacy values; a valid legacy state migrates the same (migrate_rejects_bad_states)",
+    "TrainingSession.reset_accumulation#2: constant True -> False":
+        "zero tensors instead of None gradients: the next update's gradient, and an SGD step, are the same "
+        "(session_leaves_no_gradient_tensors)",
+    "TrainingSession._close_update#1: constant True -> False":
+        "zero tensors instead of None gradients: the next update's gradient, and an SGD step, are the same "
+        "(session_leaves_no_gradient_tensors)",
+    "TrainingSession.state#1: constant 0 -> -1":
+        "the last param group's lr instead of group 0's: every group holds the same lr once options.lr or "
+        "load_state wrote it; they differ only before either (session_load_state_only_at_a_boundary)",
     # _normalization_units is read only when microsteps_accumulated > 0, after a train_step wrote it
     "TrainingSession._clear_pending#2: constant 0 -> 1": "_normalization_units is written before it is ever read",
     "TrainingSession._clear_pending#2: constant 0 -> -1": "_normalization_units is written before it is ever read",

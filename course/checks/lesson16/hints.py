@@ -9,10 +9,9 @@ HINTS: dict[str, tuple[str, ...]] = {
         "cross_entropy(..., ignore_index=-100); course/protocol/text.py::token_nll_sum does the same as a sum. "
         "Lesson 16 §1.3 lists what N counts; §1.4 shows the unshifted count (49 instead of 42).",
         "A target is a label at position >= 1 (labels[..., 1:], along the last dimension, so [seq] and "
-        "[batch, seq] both work) that is not -100. Return a Python int. Reject, with a ValueError naming labels, "
-        "a 0-dim tensor and a floating, complex or bool dtype (a mask is not token ids).",
-        "Check torch.is_tensor(labels) and labels.dim() > 0, then labels.dtype.is_floating_point / is_complex / "
-        "== torch.bool; return int((labels[..., 1:] != IGNORE_INDEX).sum()).",
+        "[batch, seq] both work) that is not -100. Return a Python int. (Hardening, optional, lesson 16 §4.5: a "
+        "0-dim tensor and a floating, complex or bool dtype are a ValueError naming labels.)",
+        "return int((labels[..., 1:] != IGNORE_INDEX).sum()).",
     ),
     "split_global_batch": (
         "A global batch is the samples of ONE optimizer update; the K micro-batches are just how it is fed to "
@@ -20,10 +19,9 @@ HINTS: dict[str, tuple[str, ...]] = {
         "course/protocol/driver.py::run_text_training calls it once per update with the samples of that update "
         "(fewer at the epoch's end) and collates each slice; lesson 16 §4.2 and §5.3 give the sizes.",
         "micro = global_batch_size // accumulation_steps samples per slice; a short global batch is cut into "
-        "slices of the same size, the last one smaller. Check global_batch_size >= 1, accumulation_steps >= 1, "
-        "that accumulation_steps divides global_batch_size (name accumulation_steps first in that message), then "
-        "1 <= len(samples) <= global_batch_size. Convert samples with list() so tuples and ranges work.",
-        "After the checks (global_batch_size % accumulation_steps is the divisibility test): "
+        "slices of the same size, the last one smaller, down to a tail of one sample. (Hardening, optional, "
+        "§4.5: list(samples) first so tuples and ranges give lists; a ValueError naming the bad argument for a "
+        "size < 1, an accumulation_steps that does not divide global_batch_size, an empty or oversized samples.)",
         "samples = list(samples); micro = global_batch_size // accumulation_steps; "
         "return [samples[i:i + micro] for i in range(0, len(samples), micro)].",
     ),
@@ -33,10 +31,10 @@ HINTS: dict[str, tuple[str, ...]] = {
         "run_text_training (course/protocol/driver.py) loops update_step_in_epoch from 0 to this number; the "
         "check's cases (160, 8) -> 20 and (161, 8) -> 21 show the rounding.",
         "The number of updates is the sample count divided by the global batch, rounded UP (0 samples: 0 "
-        "updates). sample_count < 0 is a ValueError naming sample_count; global_batch_size < 1 one naming "
-        "global_batch_size.",
-        "return -(-sample_count // global_batch_size), after the two argument checks: integer arithmetic, since "
-        "math.ceil(sample_count / global_batch_size) divides in floats and is wrong above 2**53.",
+        "updates). (Hardening, optional, §4.5: exact for any int, and a ValueError for sample_count < 0 or "
+        "global_batch_size < 1.)",
+        "return -(-sample_count // global_batch_size): integer arithmetic (math.ceil(sample_count / "
+        "global_batch_size) divides in floats, which the hardening tier catches above 2**53).",
     ),
     "TrainingSession": (
         "One update = K micro-steps whose gradients add up in .grad, then one optimizer step. For that sum to "
@@ -46,18 +44,18 @@ HINTS: dict[str, tuple[str, ...]] = {
         "tail flush) and lesson 14's train_one_epoch. Then read course/protocol/types.py (the Options, Output "
         "and Report fields), course/protocol/driver.py::run_text_training (how train_step is called) and "
         "course/runs/session.py::run_update / capture_grads (how the checks drive and observe you).",
-        "Backpropagate scaler.scale(output.loss * output.gradient_units / options.normalization_units). Decide "
-        "closes = force_update or (microsteps + 1) is a multiple of K BEFORE the forward (no_sync under DDP). "
-        "At the boundary: before_update -> unscale_ -> clip (pre-clip norm) -> scaler.step -> scaler.update -> "
-        "if stepped: optimizer_step += 1 and after_update -> model.zero_grad(set_to_none=True). The scaler skipped the "
-        "step exactly when update() LOWERED its scale: compare get_scale() before and after (only when the "
-        "scaler is enabled; a higher scale is growth, not a skip). Wrap the whole micro-step in try/except "
-        "BaseException that sets accumulation_valid = False and re-raises.",
+        "Backpropagate scaler.scale(output.loss * output.gradient_units / options.normalization_units). The "
+        "update closes when force_update or (microsteps + 1) is a multiple of K. Write options.lr (when not "
+        "None) into every param group. At the boundary: before_update -> unscale_ -> clip (pre-clip norm) -> "
+        "scaler.step -> scaler.update -> if stepped: optimizer_step += 1 and after_update -> clear the "
+        "gradients and the totals. The scaler skipped the step exactly when update() LOWERED its scale: compare "
+        "get_scale() before and after (only when the scaler is enabled; a higher scale is growth, not a skip). "
+        "Wrap the whole micro-step in try/except that sets accumulation_valid = False and re-raises. (Hardening, "
+        "optional, §4.5: argument rules, except BaseException, set_to_none gradients, no_sync under DDP.)",
         "train_step: if not self.accumulation_valid: raise AccumulationInvalidError('... reset_accumulation()'); "
-        "try: return self._step(...) except BaseException: self.accumulation_valid = False; raise. _step: check "
-        "normalization_units (>= 1, unchanged inside the update); write options.lr into every group; closes = ...; "
-        "ctx = model.no_sync() if hasattr(model, 'no_sync') and not closes else nullcontext(); with ctx: with "
-        "self.autocast: out = step_fn(model, batch); type/gradient_units checks; backward. Add "
+        "try: return self._step(...) except BaseException: self.accumulation_valid = False; raise. _step: write "
+        "options.lr into every group; closes = ...; ctx = model.no_sync() if hasattr(model, 'no_sync') and not "
+        "closes else nullcontext(); with ctx: with self.autocast: out = step_fn(model, batch); backward. Add "
         "out.loss_sum.detach() and out.loss_units to the totals, microsteps += 1; not closing -> "
         "TrainingStepReport(False, self.optimizer_step, self.microsteps_accumulated). Closing: keep the totals, "
         "abort via reset_accumulation() -> aborted=True; else the boundary sequence above, then clear the totals "
@@ -92,11 +90,12 @@ HINTS: dict[str, tuple[str, ...]] = {
         "'step', and saves after the tail flush at the epoch's end. Lesson 16 §5.4 has the 160-sample example.",
         "global_batch_size = batch_size * accum_steps. Micro-steps per epoch = ceil(sample_count / batch_size). "
         "step == that count -> epoch + 1, update 0, nothing dropped; step < it -> update step // accum_steps, "
-        "step % accum_steps dropped; step > it -> ValueError naming step. sample_position = update * "
-        "global_batch_size. Validate ints (isinstance(v, int)) batch_size, sample_count, accum_steps >= 1 and "
-        "step, epoch >= 0 after filling the defaults epoch 0, step 0, accum_steps 1.",
-        "semantics = state.get('batch_size_semantics'); 'global' -> dict(state); another value -> ValueError. "
-        "legacy = {'epoch': 0, 'step': 0, 'accum_steps': 1, **state}; validate; compute as in level 3; "
+        "step % accum_steps dropped. sample_position = update * global_batch_size. A state already 'global' "
+        "comes back as it is. (Hardening, optional, §4.5: a copy, never the input; the defaults epoch 0, step 0, "
+        "accum_steps 1; a ValueError naming the key for a value that is no int in its range, another "
+        "batch_size_semantics, a step past the epoch's end.)",
+        "semantics = state.get('batch_size_semantics'); 'global' -> dict(state). "
+        "legacy = {'epoch': 0, 'step': 0, 'accum_steps': 1, **state}; compute as in level 3; "
         "migrated = {k: v for k, v in legacy.items() if k not in ('batch_size', 'step')}; "
         "migrated.update(batch_size_semantics='global', global_batch_size=..., epoch=..., "
         "update_step_in_epoch=..., sample_position=..., dropped_microsteps=..., migration_note='... update "

@@ -49,33 +49,57 @@ def session_keeps_loss_sums_on_device(impl):
         expect_equal("host syncs during 3 non-final micro-steps", calls, [])
 
 
-@check("TrainingSession", hidden=True)
+class SyncRecorder(torch.nn.Module):
+    """A DDP-like model: it has ``no_sync()`` and records, per forward, whether it ran inside it (DDP decides in
+    the forward whether the backward all-reduces)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.in_no_sync, self.forward_log = inner, False, []
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.in_no_sync = True
+        try:
+            yield
+        finally:
+            self.in_no_sync = False
+
+    def forward(self, input_ids, labels=None):
+        self.forward_log.append(self.in_no_sync)
+        return self.inner(input_ids, labels=labels)
+
+
+def ddp_like_session(impl, k: int):
+    model = SyncRecorder(tiny_model(SESSION_SCENARIO))
+    return impl.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1), accumulation_steps=k)
+
+
+@check("TrainingSession", objective="token_weighting", hidden=True)
+def session_closing_microstep_all_reduces_under_ddp(impl):
+    """A DDP-like model (it has no_sync): the micro-step that closes an update, at the K-th micro-step or on
+    force_update, runs outside no_sync(): its backward is where DDP all-reduces the update's gradient over the
+    ranks. (no_sync on the other micro-steps saves communication: the hardening tier's.)"""
+    session = ddp_like_session(impl, 2)
+    run_update(session, masked_micro_batches()[:2])
+    run_update(session, masked_micro_batches()[2:3])      # a tail of one micro-step (force_update)
+    closing = [session.model.forward_log[i] for i in (1, 2)]
+    with rule("the micro-step that closes the update runs outside no_sync(): under DDP its backward all-reduces "
+              "the update's gradient; inside no_sync() every rank would step on its own gradient only"):
+        expect_equal("closing micro-steps (the K-th of K=2, a force_update tail) ran inside no_sync()", closing,
+                     [False, False])
+
+
+@check("TrainingSession")
 def session_uses_no_sync_before_the_last_microstep(impl):
     """A DDP-like model (has no_sync): micro-steps that do not close the update run inside no_sync()."""
-    class SyncRecorder(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.in_no_sync, self.forward_log = inner, False, []
-
-        @contextlib.contextmanager
-        def no_sync(self):
-            self.in_no_sync = True
-            try:
-                yield
-            finally:
-                self.in_no_sync = False
-
-        def forward(self, input_ids, labels=None):
-            self.forward_log.append(self.in_no_sync)
-            return self.inner(input_ids, labels=labels)
-    model = SyncRecorder(tiny_model(SESSION_SCENARIO))
-    session = impl.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1), accumulation_steps=4)
+    session = ddp_like_session(impl, 4)
     run_update(session, masked_micro_batches()[:3])
     with rule("when the model has no_sync (DDP), the forward and backward of every micro-step that "
               "does not close the update run inside model.no_sync(), the closing one outside: know "
               "whether a micro-step closes before its forward"):
         expect_equal("forward ran inside no_sync() per micro-step (K=4, force_update on the 3rd)",
-                     model.forward_log, [True, True, False])
+                     session.model.forward_log, [True, True, False])
 
 
 @check("TrainingSession", objective="mixed_precision", hidden=True)
@@ -100,11 +124,12 @@ def session_amp_scaler_overflow_and_unscale_before_clip(impl):
         expect_equal("update with an inf gradient: (parameters_updated, overflow_skipped, optimizer_step)",
                      (report.parameters_updated, report.overflow_skipped, session.optimizer_step), (False, True, 1))
         expect_equal("GradScaler scale after the overflow", scaler.get_scale(), 2.0 ** 9)
-    expect_tensors_close("parameters after a skipped step", params_of(session.model), before,
-                         rtol=0.0, atol=0.0)
+        expect_tensors_close("parameters after a skipped step", params_of(session.model), before,
+                             rtol=0.0, atol=0.0)
     report = run_update(session, batches, clip=0.01)[-1]
-    expect_equal("update after the overflow: (parameters_updated, optimizer_step)",
-                 (report.parameters_updated, session.optimizer_step), (True, 2))
+    with rule("a skipped update is over: the next update steps through the scaler as usual"):
+        expect_equal("update after the overflow: (parameters_updated, optimizer_step)",
+                     (report.parameters_updated, session.optimizer_step), (True, 2))
 
 
 @check("TrainingSession", objective="mixed_precision", hidden=True)
@@ -115,7 +140,8 @@ def session_skipped_update_calls_no_after_update(impl):
     with overflowing(session):
         skipped = run_update(session, masked_micro_batches(), after_update=lambda: calls.append("skipped update"))[-1]
     run_update(session, masked_micro_batches(), after_update=lambda: calls.append("next update"))
-    expect_equal("overflow_skipped of the update with an inf gradient", skipped.overflow_skipped, True)
+    with rule("an update whose gradient holds inf is skipped by the GradScaler and reports overflow_skipped=True"):
+        expect_equal("overflow_skipped of the update with an inf gradient", skipped.overflow_skipped, True)
     if calls != ["next update"]:
         fail("after_update calls (skipped update, then a clean one)", calls, ["next update"],
              "hint: after_update runs only when the optimizer stepped: never on an update the GradScaler skipped")
@@ -131,8 +157,9 @@ def session_scaler_growth_is_no_skip(impl):
     calls: list = []
     want = gradient_norm(global_batch_gradients(batches)[0])
     report = run_update(session, batches, clip=0.01, after_update=lambda: calls.append(1))[-1]
-    expect_close("grad_norm with a growing GradScaler (unscaled)", report.grad_norm and float(report.grad_norm),
-                 want, rtol=1e-5)
+    with rule("unscale the gradients before clipping: grad_norm is the UNSCALED gradient's norm"):
+        expect_close("grad_norm with a growing GradScaler (unscaled)", report.grad_norm and float(report.grad_norm),
+                     want, rtol=1e-5)
     run_update(session, batches[:2], after_update=lambda: calls.append(2))
     with rule("only a scale the GradScaler LOWERED means a skipped step; a scale that grew (after "
               "growth_interval clean steps) belongs to a step that happened"):
@@ -140,6 +167,17 @@ def session_scaler_growth_is_no_skip(impl):
                      "after_update calls, scale)", (report.parameters_updated, report.overflow_skipped,
                                                     session.optimizer_step, calls, scaler.get_scale()),
                      (True, False, 2, [1, 2], 2.0 ** 10))
+
+
+def skip_hint(seen: list, expected: list, backoff: float, growth: float) -> str:
+    """The cause a wrong skip verdict points at: a grown scale taken for a skip, or a lowered one not taken."""
+    if any(got[1] and not want[1] for got, want in zip(seen, expected)):
+        return (f"hint: a scale that grew (growth_factor {growth}) was taken for a skip: only a LOWER scale means "
+                "the GradScaler skipped the step, whatever its growth_factor")
+    if any(want[1] and not got[1] for got, want in zip(seen, expected)):
+        return (f"hint: a scale lowered by backoff_factor {backoff} was not taken for a skip: any LOWER scale "
+                "(new < old) means a skip, whatever its backoff_factor")
+    return "hint: the rule: the scaler is updated once per update (its scale backs off or grows)"
 
 
 @check("TrainingSession", objective="mixed_precision", hidden=True)
@@ -159,15 +197,14 @@ def session_skip_detection_follows_any_scaler_factors(impl):
                 report = run_update(session, batch)[-1]
             seen.append((report.parameters_updated, report.overflow_skipped, scaler.get_scale()))
         scales = (2.0 ** 8 * growth, 2.0 ** 8 * growth * backoff, 2.0 ** 8 * growth * backoff * growth)
-        with rule("a skip is a scale the GradScaler LOWERED (new < old), whatever its backoff_factor; a scale "
-                  "that grew, by whatever growth_factor, belongs to a step that happened: compare, do not "
-                  "hard-code 0.5 or 2"):
-            expect_equal(f"(parameters_updated, overflow_skipped, scale) per update: clean, inf, clean "
-                         f"(backoff_factor {backoff}, growth_factor {growth}, growth_interval 1)", seen,
-                         [(True, False, scales[0]), (False, True, scales[1]), (True, False, scales[2])])
+        expected = [(True, False, scales[0]), (False, True, scales[1]), (True, False, scales[2])]
+        if seen != expected:
+            fail(f"(parameters_updated, overflow_skipped, scale) per update: clean, inf, clean (backoff_factor "
+                 f"{backoff}, growth_factor {growth}, growth_interval 1)", seen, expected,
+                 skip_hint(seen, expected, backoff, growth))
 
 
-@check("TrainingSession", hidden=True)
+@check("TrainingSession")
 def session_runs_every_backward(impl):
     """Every micro-step runs its backward, one whose micro-batch has no valid target (gradient_units 0) included,
     whether it closes the update or not: under DDP a rank that skips the closing backward never joins the
@@ -189,35 +226,57 @@ def session_runs_every_backward(impl):
                      "one closing the first)", backwards, [1, 0, 0, 1])
 
 
+class AttachedLossSums:
+    """A step_fn whose loss_sum still carries its graph (as a task's step function may return it); it keeps each
+    tensor it returned, with a copy of its value."""
+
+    def __init__(self):
+        self.returned: list = []
+
+    def __call__(self, model, batch) -> TrainingStepOutput:
+        output = token_weighted_step(model, batch)
+        nll_sum = token_nll_sum(model(batch.input_ids).logits, batch.labels)   # with its graph
+        self.returned.append((nll_sum, nll_sum.detach().clone()))
+        return TrainingStepOutput(output.loss, output.gradient_units, nll_sum, output.loss_units)
+
+
+DETACH_HINT = ("hint: accumulate output.loss_sum.detach(): the sum of attached tensors keeps every micro-step's "
+               "graph (activations) in memory until the update closes")
+
+
+def expect_detached(what: str, total) -> None:
+    if not torch.is_tensor(total) or total.requires_grad:
+        fail(f"{what}: requires_grad (a graph kept alive)", getattr(total, "requires_grad", total), False,
+             DETACH_HINT)
+
+
 @check("TrainingSession", objective="on_device", hidden=True)
 def session_accumulates_detached_loss_sums(impl):
     """A step_fn whose loss_sum still carries its graph: the session keeps loss_sum.detach(), so no micro-step's
-    graph stays alive in the update's total (state().loss_sum, the report's loss_sum); the tensors step_fn
-    returned keep their values (the total is a new tensor, not the first loss_sum added into in place)."""
-    returned: list = []
+    graph stays alive in the update's total (the report's loss_sum)."""
+    step = AttachedLossSums()
+    batches = masked_micro_batches()[:3]
+    report = run_update(new_session(impl, 3), batches, step_fn=step)[-1]
+    expect_detached("loss_sum reported at the boundary", report.loss_sum)
 
-    def attached_step(model, batch):
-        output = token_weighted_step(model, batch)
-        nll_sum = token_nll_sum(model(batch.input_ids).logits, batch.labels)   # with its graph
-        returned.append((nll_sum, nll_sum.detach().clone()))
-        return TrainingStepOutput(output.loss, output.gradient_units, nll_sum, output.loss_units)
+
+@check("TrainingSession")
+def session_keeps_the_callers_loss_sums(impl):
+    """The pending total state() reports inside an update is detached too, and the tensors step_fn returned keep
+    their values (the total is a new tensor, not the first loss_sum added into in place)."""
+    step = AttachedLossSums()
     batches = masked_micro_batches()[:3]
     session = new_session(impl, 3)
     options = TrainingStepOptions(normalization_units=sum(b.loss_units for b in batches))
-    reports = [session.train_step(batch, options, attached_step) for batch in batches[:2]]
-    pending = session.state().loss_sum
-    report = session.train_step(batches[2], options, attached_step)
-    for what, total in (("state().loss_sum after 2 of 3 micro-steps", pending),
-                        ("loss_sum reported at the boundary", report.loss_sum)):
-        if not torch.is_tensor(total) or total.requires_grad:
-            fail(f"{what}: requires_grad (a graph kept alive)", getattr(total, "requires_grad", total), False,
-                 "hint: accumulate output.loss_sum.detach(): the sum of attached tensors keeps every micro-step's "
-                 "graph (activations) in memory until the update closes")
-    expect_equal("micro-steps before the boundary", [r.parameters_updated for r in reports], [False, False])
+    for batch in batches[:2]:
+        session.train_step(batch, options, step)
+    expect_detached("state().loss_sum after 2 of 3 micro-steps", session.state().loss_sum)
+    session.train_step(batches[2], options, step)
     with rule("the session never writes into a tensor step_fn returned: sum into a new tensor (a + b), not "
               "total += b on the first loss_sum (its .detach() shares the caller's storage)"):
         expect_equal("loss_sum values step_fn returned, read after the update",
-                     [float(tensor.detach()) for tensor, _ in returned], [float(value) for _, value in returned])
+                     [float(tensor.detach()) for tensor, _ in step.returned],
+                     [float(value) for _, value in step.returned])
 
 
 @check("TrainingSession", objective="mixed_precision", hidden=True)
@@ -232,8 +291,9 @@ def session_runs_step_fn_under_autocast(impl):
     batches = masked_micro_batches()[:2]
     for i, batch in enumerate(batches):
         session.train_step(batch, TrainingStepOptions(normalization_units=39, force_update=i == 1), step)
-    expect_equal("autocast dtype seen inside step_fn", dtypes, [torch.bfloat16] * 2)
-    expect_equal("optimizer_step after a bf16 update", session.optimizer_step, 1)
+    with rule("every micro-step runs step_fn inside the autocast context the session was built with"):
+        expect_equal("autocast dtype seen inside step_fn", dtypes, [torch.bfloat16] * 2)
+        expect_equal("optimizer_step after a bf16 update", session.optimizer_step, 1)
 
 
 @check("TrainingSession", objective="token_weighting", hidden=True,
@@ -252,9 +312,11 @@ def session_drives_the_text_run(impl):
         session = new_session(impl, 4)
         records = run_text_training(session, dataset, TrainingRunState(), global_batch_size=8, accumulation_steps=4,
                                     epochs=1, max_steps=max_steps, impl=impl)
-        expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
-                     [(r["samples"], r["microsteps"]) for r in records], expected)
-        expect_equal(f"optimizer steps, max_steps={max_steps}", session.optimizer_step, len(expected))
+        with rule("the driver's updates: global batches of 8 (the tail of 4) in micro-batches of 2, each closed by "
+                  "force_update on its last micro-batch with one optimizer step"):
+            expect_equal(f"(samples, micro-steps) per update, max_steps={max_steps}",
+                         [(r["samples"], r["microsteps"]) for r in records], expected)
+            expect_equal(f"optimizer steps, max_steps={max_steps}", session.optimizer_step, len(expected))
     for update, record in enumerate(records):
         update_labels = labels[order[8 * update:8 * update + 8]]
         if record["normalization_units"] != shifted_target_count(update_labels):

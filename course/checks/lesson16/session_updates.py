@@ -95,7 +95,8 @@ def expect_sgd_step(what: str, model, before: dict, grads: dict, lr: float, clip
         elif coefficient < 1 and abs(step / lr / coefficient - 1) > 1e-3:
             cause += f": clipped to a norm of {step / lr * norm:.4g}, not clip_grad_norm={clip}"
         elif abs(step / lr - coefficient) > 1e-3 * coefficient:
-            cause += ": is the lr of options.lr (or, without it, the optimizer's own) the one in every param group?"
+            cause += (f": the step used lr {step / coefficient:.4g}, not options.lr={lr} (without options.lr: the "
+                      "optimizer's own): write options.lr into the param groups before the step")
         raise CheckFailure(f"{exc}\n  hint: {cause}") from None
 
 
@@ -177,17 +178,19 @@ def session_consecutive_updates_start_clean(impl):
         if number == 2:
             before = params_of(session.model)
             _, summary = _update(session, batches[5:8], before_update=lambda: True)
-            expect_equal("update 3, aborted by before_update: reports", summary,
-                         [(False, 2, 1, False), (False, 2, 2, False), (False, 2, 3, True)])
-            expect_tensors_close("parameters after the aborted update 3", params_of(session.model), before,
-                                 rtol=0.0, atol=0.0)
+            with rule("an update aborted by before_update reports aborted=True, takes no optimizer step and leaves "
+                      "the parameters as they were"):
+                expect_equal("update 3, aborted by before_update: reports", summary,
+                             [(False, 2, 1, False), (False, 2, 2, False), (False, 2, 3, True)])
+                expect_tensors_close("parameters after the aborted update 3", params_of(session.model), before,
+                                     rtol=0.0, atol=0.0)
         before, captured = params_of(session.model), {}
         reports, summary = _update(session, members, lr=lr, clip=clip, before_update=capture_grads(session, captured))
         with rule("one optimizer step per update that is not aborted; an update closes at its K-th "
                   "micro-step or on force_update; an abort reports aborted=True and does not advance "
                   "optimizer_step"):
-            expect_equal(f"{what}: (parameters_updated, optimizer_step, microsteps_accumulated, aborted) per micro-step",
-                         summary, expected_reports)
+            expect_equal(f"{what}: (parameters_updated, optimizer_step, microsteps_accumulated, aborted) per "
+                         "micro-step", summary, expected_reports)
         grads = expect_update_gradient(f"{what}: accumulated gradient vs one global-batch backward", captured,
                                        members, before)
         expect_sgd_step(what, session.model, before, grads, 0.1 if lr is None else lr, clip)
