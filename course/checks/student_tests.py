@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import sys
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.testing._comparison as comparison
@@ -97,46 +97,56 @@ def plain_tensor_comparisons():
         comparison._HAS_DTENSOR = saved
 
 
+def expect_verdicts(test_name: str, student_test: Callable, correct: Iterable[Callable], wrong: Iterable,
+                    correct_hint: str, crash_hint: str, why_let_through: Callable) -> None:
+    """``student_test(c)`` returns for every ``c`` in ``correct``; ``student_test(w.accumulate)`` raises
+    ``AssertionError`` for every ``w`` in ``wrong`` (any exception when ``w.malformed``). A failure's hint:
+    ``correct_hint`` when a correct implementation failed an assertion, ``crash_hint`` when the test crashed on
+    it, ``why_let_through(w)`` when it let ``w`` through. A stub's NotImplementedError propagates (TODO)."""
+    for implementation in correct:
+        try:
+            student_test(implementation)
+        except NotImplementedError:
+            raise
+        except AssertionError as exc:
+            fail(f"{test_name} rejects a CORRECT implementation ({implementation.__name__})", _short(exc),
+                 "the test returns (passes)", f"hint: {correct_hint}")
+        except Exception as exc:
+            fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
+                 "the test returns (passes)", f"hint: {crash_hint}")
+    for implementation in wrong:
+        try:
+            student_test(implementation.accumulate)
+        except NotImplementedError:
+            raise
+        except AssertionError:
+            continue
+        except Exception as exc:
+            if implementation.malformed:
+                continue
+            fail(f"{test_name} crashed on the wrong implementation {implementation.name} instead of failing "
+                 f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
+                 "hint: a test states its verdict with an assertion; a crash is a bug in the test itself")
+        if implementation.edited_nothing:
+            continue
+        fail(f"your test let through {implementation.name}: {implementation.wrong}",
+             "the test returned (passed)", "AssertionError (the test fails on this implementation)",
+             f"hint: {why_let_through(implementation)}")
+
+
 def grade_student_test(test_name: str, student_test: Callable, correct: Sequence[Callable],
                        wrong: Sequence[WrongImplementation], correct_hint: str) -> None:
-    """``student_test(c)`` returns for every ``c`` in ``correct``; ``student_test(w.accumulate)`` raises
-    ``AssertionError`` for every ``w`` in ``wrong``, ``one_gradient_off(correct[0])`` and
-    ``edited_gradients(correct[0])``, and fails (any exception) on ``malformed_results(correct[0])``. A stub's
-    NotImplementedError propagates (TODO)."""
+    """A test of gradient accumulation: ``expect_verdicts`` on ``correct`` and on ``wrong``,
+    ``one_gradient_off(correct[0])``, ``edited_gradients(correct[0])`` and ``malformed_results(correct[0])``."""
     with plain_tensor_comparisons():
         replayed = Replayed(correct[0])
-        for implementation in (replayed, *correct[1:]):
-            try:
-                student_test(implementation)
-            except NotImplementedError:
-                raise
-            except AssertionError as exc:
-                fail(f"{test_name} rejects a CORRECT implementation ({implementation.__name__})", _short(exc),
-                     "the test returns (passes)", f"hint: {correct_hint}")
-            except Exception as exc:
-                fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
-                     "the test returns (passes)", "hint: the implementation's contract is in its docstring "
-                     "(course/runs/accumulation.py); run your test on it by hand")
-        for implementation in itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed),
-                                              malformed_results(replayed)):
-            try:
-                student_test(implementation.accumulate)
-            except NotImplementedError:
-                raise
-            except AssertionError:
-                continue
-            except Exception as exc:
-                if implementation.malformed:
-                    continue
-                fail(f"{test_name} crashed on the wrong implementation {implementation.name} instead of failing "
-                     f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
-                     "hint: a test states its verdict with an assertion; a crash is a bug in the test itself")
-            if implementation.edited_nothing:
-                continue
-            fail(f"your test let through {implementation.name}: {implementation.wrong}",
-                 "the test returned (passed)", "AssertionError (the test fails on this implementation)",
-                 f"hint: {why_let_through(student_test, replayed, implementation)}. And does the test assert on "
-                 "every parameter's gradient, with a tolerance near float rounding?")
+        expect_verdicts(test_name, student_test, (replayed, *correct[1:]),
+                        itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed),
+                                        malformed_results(replayed)),
+                        correct_hint, "the implementation's contract is in its docstring "
+                        "(course/runs/accumulation.py); run your test on it by hand",
+                        lambda implementation: f"{why_let_through(student_test, replayed, implementation)}. And does "
+                        "the test assert on every parameter's gradient, with a tolerance near float rounding?")
 
 
 # --- mistakes both test-writing exercises share ------------------------------------------------------

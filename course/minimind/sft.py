@@ -160,6 +160,22 @@ def sft_labels(input_ids: list[int], assistant_start_ids: list[int], end_ids: li
     return labels
 
 
+def assistant_markers(tokenizer) -> tuple[list[int], list[int]]:
+    """Upstream's markers: the ids of ``f"{bos_token}assistant\\n"`` (a span opens after them) and of
+    ``f"{eos_token}\\n"`` (the span's last ids)."""
+    return (tokenizer(f"{tokenizer.bos_token}assistant\n", add_special_tokens=False).input_ids,
+            tokenizer(f"{tokenizer.eos_token}\n", add_special_tokens=False).input_ids)
+
+
+def encode_prompt(prompt: str, tokenizer, max_length: int) -> tuple[list[int], list[int]]:
+    """``SFTDataset``'s sample from its text: ``(input_ids, labels)``, cut to ``max_length`` and right-padded."""
+    # Upstream calls tokenizer(prompt), add_special_tokens=True by default; MiniMind's tokenizer.json
+    # has no post-processor, so that adds nothing: the ids of the text alone.
+    input_ids = tokenizer(prompt, add_special_tokens=False).input_ids[:max_length]
+    input_ids = input_ids + [tokenizer.pad_token_id] * (max_length - len(input_ids))
+    return input_ids, sft_labels(input_ids, *assistant_markers(tokenizer), max_length)
+
+
 def parse_conversations(line: bytes, where: str) -> list[dict]:
     """The ``conversations`` of one SFT jsonl line, checked as upstream's reader would read them."""
     record = parse_json_line(line, where)
@@ -211,8 +227,7 @@ class SFTDataset(Dataset):
         self.add_system_ratio = add_system_ratio
         self.empty_think_ratio = empty_think_ratio
         self.samples = JsonlRecords(jsonl_path, parse_conversations)
-        self.assistant_start_ids = tokenizer(f"{tokenizer.bos_token}assistant\n", add_special_tokens=False).input_ids
-        self.end_ids = tokenizer(f"{tokenizer.eos_token}\n", add_special_tokens=False).input_ids
+        self.assistant_start_ids, self.end_ids = assistant_markers(tokenizer)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -223,11 +238,7 @@ class SFTDataset(Dataset):
         return post_processing_chat(render_chat(conversations), self.rng, self.empty_think_ratio)
 
     def encode_prompt(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
-        # Upstream calls tokenizer(prompt), add_special_tokens=True by default; MiniMind's tokenizer.json
-        # has no post-processor, so that adds nothing: the ids of the text alone.
-        input_ids = self.tokenizer(prompt, add_special_tokens=False).input_ids[:self.max_length]
-        input_ids = input_ids + [self.tokenizer.pad_token_id] * (self.max_length - len(input_ids))
-        labels = sft_labels(input_ids, self.assistant_start_ids, self.end_ids, self.max_length)
+        input_ids, labels = encode_prompt(prompt, self.tokenizer, self.max_length)
         return torch.tensor(input_ids, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,9 +250,9 @@ def save_weights_like_upstream(model: torch.nn.Module, path) -> None:
     torch.save(fp16_state_dict(model), path)
 
 
-def load_weights_like_upstream(model: torch.nn.Module, path):
-    """``init_model``'s load: ``model.load_state_dict(torch.load(path), strict=False)``, values cast to the
-    model's dtype. Returns what strict=False hides and upstream discards: ``(missing_keys, unexpected_keys)``."""
+def read_state_dict(path) -> dict:
+    """The dict a weights file holds, read as ``torch.load(path)`` reads it but safely (``weights_only``, onto the
+    CPU); a missing or unreadable file, or one that holds no dict, is an ``InputError`` naming the path."""
     try:
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -250,4 +261,10 @@ def load_weights_like_upstream(model: torch.nn.Module, path):
         raise InputError(f"path {str(path)!r}: not a weights file torch.load can read ({exc})") from None
     if not isinstance(state_dict, dict):
         raise InputError(f"path {str(path)!r}: holds a {type(state_dict).__name__}, not a state_dict")
-    return model.load_state_dict(state_dict, strict=False)
+    return state_dict
+
+
+def load_weights_like_upstream(model: torch.nn.Module, path):
+    """``init_model``'s load: ``model.load_state_dict(torch.load(path), strict=False)``, values cast to the
+    model's dtype. Returns what strict=False hides and upstream discards: ``(missing_keys, unexpected_keys)``."""
+    return model.load_state_dict(read_state_dict(path), strict=False)

@@ -1,0 +1,162 @@
+"""Lesson 17's test-writing exercise: the student's ``test_assistant_labels_match_upstream`` must pass correct
+masks and fail each wrong one below. Each wrong mask differs from upstream's only on some kinds of conversation
+(its ``hint`` says which), so a test passes this check only if its conversations cover them all."""
+from __future__ import annotations
+
+from course.minimind import IGNORE_INDEX
+from course.minimind.sft import sft_labels
+
+from ..framework import check
+from ..student_tests import WrongImplementation, expect_verdicts
+
+
+def upstream_labels(input_ids, assistant_start, end):
+    """Upstream's own rule (the oracle's ``sft_labels``), cut at the sample's length."""
+    return sft_labels(list(input_ids), list(assistant_start), list(end), len(input_ids))
+
+
+def labels_by_scanning(input_ids, assistant_start, end):
+    """The same labels, written another way: one pass that switches in and out of an answer."""
+    labels, inside, position = [], False, 0
+    while position < len(input_ids):
+        if not inside and list(input_ids[position:position + len(assistant_start)]) == list(assistant_start):
+            labels += [IGNORE_INDEX] * len(assistant_start)
+            position, inside = position + len(assistant_start), True
+        elif inside and list(input_ids[position:position + len(end)]) == list(end):
+            labels += list(input_ids[position:position + len(end)])
+            position, inside = position + len(end), False
+        else:
+            labels.append(input_ids[position] if inside else IGNORE_INDEX)
+            position += 1
+    return labels[:len(input_ids)]
+
+
+def spans(labels):
+    """(first, stop) of each run of targets."""
+    found, start = [], None
+    for position, label in enumerate([*labels, IGNORE_INDEX]):
+        if label != IGNORE_INDEX and start is None:
+            start = position
+        elif label == IGNORE_INDEX and start is not None:
+            found.append((start, position))
+            start = None
+    return found
+
+
+def keep_spans(input_ids, labels, chosen):
+    """Labels holding only the spans ``chosen(spans)`` returns."""
+    kept = [IGNORE_INDEX] * len(input_ids)
+    for first, stop in chosen(spans(labels)):
+        kept[first:stop] = input_ids[first:stop]
+    return kept
+
+
+def first_answer_only(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return keep_spans(input_ids, labels, lambda found: found[:1])
+
+
+def without_a_truncated_answer(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    ends_whole = list(input_ids[len(input_ids) - len(end):]) == list(end)
+    return keep_spans(input_ids, labels, lambda found: [s for s in found if s[1] < len(input_ids) or ends_whole])
+
+
+def truncated_answer_one_short(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return labels[:-1] + [IGNORE_INDEX]
+
+
+def answerless_sample_trains_on_everything(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return labels if any(label != IGNORE_INDEX for label in labels) else list(input_ids)
+
+
+def every_second_turn(input_ids, assistant_start, end):
+    """Takes turns 1, 3, 5, ... (counting from 0) for the assistant's, whatever their role: right while a
+    conversation opens with the user, wrong once a system prompt comes first."""
+    turns = [i for i, token in enumerate(input_ids) if token == assistant_start[0]]
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for turn in turns[1::2]:
+        first = turn + len(assistant_start)
+        stop = next((i + len(end) for i in range(first, len(input_ids)) if list(input_ids[i:i + len(end)]) == list(end)),
+                    len(input_ids))
+        labels[first:stop] = input_ids[first:stop]
+    return labels
+
+
+def with_the_marker(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return keep_spans(input_ids, labels, lambda found: [(max(0, f - len(assistant_start)), s) for f, s in found])
+
+
+def without_the_end_marker(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return keep_spans(input_ids, labels, lambda found: [
+        (f, s - len(end)) if list(input_ids[s - len(end):s]) == list(end) else (f, s) for f, s in found])
+
+
+def without_the_newline_after_the_end(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return keep_spans(input_ids, labels, lambda found: [
+        (f, s - 1) if list(input_ids[s - len(end):s]) == list(end) else (f, s) for f, s in found])
+
+
+def shifted(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    return [label if label == IGNORE_INDEX or i + 1 >= len(input_ids) else input_ids[i + 1]
+            for i, label in enumerate(labels)]
+
+
+def raises(input_ids, assistant_start, end):
+    upstream_labels(input_ids, assistant_start, end)
+    raise RuntimeError("labels: an implementation that crashes")
+
+
+class Crashing(WrongImplementation):
+    malformed = True   # any exception in the test rejects it; only a test that swallows errors lets it through
+
+
+WRONG_MASKS = (
+    WrongImplementation("first_answer_only", "labels the first assistant turn only", "with a single assistant turn "
+                        "every conversation looks right: give your test a conversation of two or more turns",
+                        first_answer_only),
+    WrongImplementation("every_second_turn", "takes every second turn for the assistant's, whatever its role",
+                        "while every conversation opens with the user this is upstream's mask: put a system prompt "
+                        "first in one", every_second_turn),
+    WrongImplementation("without_a_truncated_answer", "drops a span that the truncation cut (no end marker left)",
+                        "no conversation of your test is cut inside an answer: cut one there (a max_length that ends "
+                        "in the middle of an answer)", without_a_truncated_answer),
+    WrongImplementation("truncated_answer_one_short", "a span cut by the truncation stops one id before the end",
+                        "cut a conversation inside an answer: its span runs to the sample's last id",
+                        truncated_answer_one_short),
+    WrongImplementation("answerless_sample_trains_on_everything", "a sample with no target left is trained on all "
+                        "of its ids, like pretraining", "cut a conversation before its answer (inside or right "
+                        "after the assistant marker): upstream gives it no target at all",
+                        answerless_sample_trains_on_everything),
+    WrongImplementation("with_the_marker", "labels the assistant marker too", "compare every label, each sample "
+                        "whole: the marker's ids are -100 in upstream's labels", with_the_marker),
+    WrongImplementation("without_the_end_marker", "stops each span before <|im_end|>", "compare every label: the end "
+                        "marker's ids are targets in upstream's labels", without_the_end_marker),
+    WrongImplementation("without_the_newline_after_the_end", "stops each span after <|im_end|>, before its newline",
+                        "compare every label: the newline after <|im_end|> is a target in upstream's labels",
+                        without_the_newline_after_the_end),
+    WrongImplementation("shifted", "labels shifted by one (the next id at each target)", "compare the labels' values, "
+                        "not only where they are -100", shifted),
+    Crashing("raises", "computes the labels, then raises", "let the implementation's exceptions propagate: do not "
+             "catch them in your test", raises),
+)
+
+
+@check("test_assistant_labels_match_upstream", objective="test_writing")
+def mask_test_passes_correct_and_fails_wrong(impl):
+    """Your test passes upstream's rule written two ways and raises AssertionError on each of 9 wrong masks: the
+    first turn only, every second turn taken for the assistant's, a truncated answer dropped or one id short, a
+    sample without an answer trained on everything, the marker labelled, the end marker or its newline left
+    out, labels shifted; and it fails (any exception) on an implementation that raises."""
+    expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream,
+                    (upstream_labels, labels_by_scanning), WRONG_MASKS,
+                    "a correct mask is upstream's labels, token for token: compare with sft_sample(...).labels",
+                    "the implementation's contract is lesson 17 §5.1's: (input_ids, assistant_start, end) -> a list; "
+                    "run your test on course/minimind/sft.py::sft_labels by hand",
+                    lambda wrong: wrong.hint)

@@ -1,0 +1,224 @@
+"""Lesson 17 checks of SFT on lesson 16's session: ``update_normalization_units`` and ``sft_epoch``.
+
+The oracle of an update is ONE backward of the model's own loss (its token mean over the shifted targets) on all
+of the update's micro-batches at once (``course/runs/sft.py::sft_update_gradients``). ``sft_epoch`` drives the
+reference ``TrainingSession`` of lesson 16 (so lesson 17 does not depend on your lesson 16), wrapped by
+``RecordingSession``, which keeps every micro-step's options and each update's gradients at its close. The
+micro-batches are the built-in chat corpus's (``sft_micro_batches``): 9, 0, 26 | 0, 0, 0 | 14, 19, 19 | 18 shifted
+assistant targets, K = 3. Gradients are compared with lesson 16's tolerances (a different summation order moves
+them by ~1e-8; the mean of micro-batch means by ~1e-2). Counts are compared exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from course.minimind import IGNORE_INDEX
+from course.protocol.text import naive_mean_step
+from course.reference import train_session as lesson16
+from course.runs import grads_of, params_of, session_model
+from course.runs.sft import sft_micro_batches, sft_update_gradients
+
+from ..framework import check, expect_equal, expect_raises, expect_tensors_close, expect_type, fail
+from ..lesson16.checks import GRAD_ATOL, GRAD_RTOL, rule
+
+
+def labels_with(counts: list[int], seq: int = 8) -> torch.Tensor:
+    """Labels of a micro-batch of ``len(counts)`` samples, sample i holding counts[i] shifted targets: a valid
+    label at position 0 (never a target), then counts[i] valid labels, then -100."""
+    labels = torch.full((len(counts), seq), IGNORE_INDEX)
+    for row, count in enumerate(counts):
+        labels[row, :count + 1] = torch.arange(5, 6 + count)
+    return labels
+
+
+# (targets per sample of each micro-batch, K, the expected units per micro-batch)
+UNIT_CASES = (
+    ([[1, 2], [5], [0, 4]], 2, [8, 8, 4]),                 # the epoch's tail is an update of its own
+    ([[3], [5], [4]], 1, [3, 5, 4]),
+    ([[3], [5], [4], [1], [2], [6], [7]], 3, [12, 12, 12, 9, 9, 9, 7]),
+    ([[3, 1], [5]], 4, [9, 9]),                            # K larger than the epoch: one update
+    ([[0], [0, 0], [5], [2]], 2, [0, 0, 7, 7]),            # an update without a target
+    ([], 2, []),
+)
+
+
+def units_hint(counts: list[int], k: int, got) -> str:
+    """The cause a wrong list of units points at."""
+    windows = [counts[i:i + k] for i in range(0, len(counts), k)]
+    if got == counts:
+        return "each micro-batch got its own count: the units are those of its whole update (K micro-batches)"
+    if got == [sum(counts)] * len(counts) and len(windows) > 1:
+        return "every micro-batch got the epoch's total: the units are those of its own update only"
+    if isinstance(got, list) and len(got) == len(counts) and all(g >= c for g, c in zip(got, counts)):
+        return ("count only the targets the loss averages over: a label at position >= 1 (labels[..., 1:]) that "
+                "is not -100")
+    return ("windows of K consecutive micro-batches from the first; the last window holds what remains; one "
+            "entry per micro-batch")
+
+
+@check("update_normalization_units", objective="normalization_units")
+def units_are_each_updates_shifted_targets(impl):
+    """Per micro-batch, the shifted targets (labels[..., 1:] != -100) of its window of K: a short tail is its own
+    update, K = 1 and a K larger than the epoch too, an update may hold none; and on real SFT masks."""
+    cases = [([labels_with(c) for c in batches], k, expected) for batches, k, expected in UNIT_CASES]
+    cases.append(([b.labels for b in sft_micro_batches()], 3, [35] * 3 + [0] * 3 + [52] * 3 + [18]))
+    for labels, k, expected in cases:
+        counts = [int((lab[..., 1:] != IGNORE_INDEX).sum()) for lab in labels]
+        got = impl.update_normalization_units(labels, k)
+        if got != expected:
+            fail(f"update_normalization_units(micro-batches holding {counts} shifted targets, accumulation_steps={k})",
+                 got, expected, f"hint: the rule: {units_hint(counts, k, got)}")
+
+
+@check("update_normalization_units")
+def units_are_python_ints(impl):
+    """Each entry is a Python int: a count the session divides by, taken on the host (not a 0-dim tensor)."""
+    for entry in impl.update_normalization_units([labels_with([2, 3]), labels_with([1])], 2):
+        expect_type("an entry of update_normalization_units(...)", entry, int)
+
+
+@check("update_normalization_units")
+def units_reject_a_bad_accumulation_steps(impl):
+    """accumulation_steps below 1 is a ValueError naming it."""
+    for k in (0, -2):
+        expect_raises(f"update_normalization_units([...], accumulation_steps={k})",
+                      lambda: impl.update_normalization_units([labels_with([2])], k), ValueError,
+                      "accumulation_steps")
+
+
+class RecordingSession:
+    """Lesson 16's reference ``TrainingSession`` (tiny model, SGD at lr 0.1), recording what ``sft_epoch`` does:
+    every micro-step's micro-batch and options, and for each update that closes its micro-batches, the weights
+    before it and the gradients at its close (a ``before_update`` hook, then the caller's own)."""
+
+    def __init__(self, accumulation_steps: int):
+        model = session_model()
+        self.session = lesson16.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                                accumulation_steps=accumulation_steps)
+        self.model, self.optimizer = self.session.model, self.session.optimizer
+        self.calls, self.updates, self._pending = [], [], []
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def train_step(self, batch, options, step_fn):
+        if not self._pending:
+            self._before = params_of(self.model)
+        self._pending.append(batch)
+        self.calls.append((batch, options, step_fn))
+        callers = options.before_update
+
+        def capture():
+            self.updates.append((self._before, list(self._pending), grads_of(self.model)))
+            self._pending = []
+            return bool(callers()) if callers is not None else False
+        report = self.session.train_step(batch, replace(options, before_update=capture), step_fn)
+        return report
+
+
+def run_epoch(impl, k: int = 3, batches=None, **options) -> tuple[RecordingSession, list, list]:
+    """``sft_epoch`` over the SFT micro-batches; its failure is the check's, with the rule it likely broke."""
+    batches = sft_micro_batches() if batches is None else batches
+    session = RecordingSession(k)
+    try:
+        result = impl.sft_epoch(session, batches, k, **options)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        zero = "normalization_units" in str(exc) or isinstance(exc, ZeroDivisionError)
+        fail(f"sft_epoch(session, {len(batches)} micro-batches, {k}) raised", f"{type(exc).__name__}: {exc}",
+             "one entry per update", "hint: the rule: " + (
+                 "an update without any assistant token is not trained (its normalization units would be 0)"
+                 if zero else "drive the session with train_step(batch, TrainingStepOptions(...), step_fn)"))
+    return session, batches, result
+
+
+def windows(batches: list, k: int) -> list[list]:
+    return [batches[i:i + k] for i in range(0, len(batches), k)]
+
+
+def numbered(batches: list, chosen: list) -> list[int]:
+    """The 1-based positions in ``batches`` of the micro-batches ``chosen`` (by identity)."""
+    return [next(i for i, batch in enumerate(batches, start=1) if batch is b) for b in chosen]
+
+
+@check("sft_epoch", objective="sft_updates")
+def sft_epoch_update_is_one_backward_of_its_assistant_tokens(impl):
+    """Each update's accumulated gradient equals ONE backward of the model's own loss on all of the update's
+    micro-batches at once (the token mean over all its assistant tokens), at the weights it started from, also
+    with a micro-batch that holds no target."""
+    session, _, _ = run_epoch(impl)
+    for number, (before, batches, grads) in enumerate(session.updates, start=1):
+        units = [b.loss_units for b in batches]
+        expected = sft_update_gradients(batches, before)
+        naive = naive_gradients(batches, before)
+        weighted = all(torch.allclose(grads[n], naive[n], rtol=GRAD_RTOL, atol=GRAD_ATOL) for n in grads)
+        with rule("the gradient is the mean of micro-batch means (loss / K): weight each micro-batch by its "
+                  "assistant tokens, gradient_units / normalization_units (token_weighted_step)" if weighted else
+                  "each micro-step backpropagates its loss * gradient_units / normalization_units, normalization_units "
+                  "the assistant tokens of the WHOLE update (token_weighted_step)"):
+            expect_tensors_close(f"update {number} (micro-batches holding {units} shifted assistant targets): "
+                                 "accumulated gradient vs one backward of the whole update", grads, expected,
+                                 rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def naive_gradients(batches, params) -> dict:
+    """Lesson 14's objective on the same micro-batches: each micro-batch's mean / K (the hint's comparison)."""
+    model = session_model(params)
+    for batch in batches:
+        naive_mean_step(model, batch).loss.div(len(batches)).backward()
+    return grads_of(model)
+
+
+@check("sft_epoch", objective="sft_updates")
+def sft_epoch_closes_each_update_once(impl):
+    """Windows of K micro-batches in order are the updates, the tail of one micro-batch too: each closes with one
+    optimizer step on its last micro-batch; the update without a target (micro-batches 4 to 6) is not sent to
+    the session and its entry is None; the others are the reports that closed them."""
+    session, batches, result = run_epoch(impl)
+    groups = windows(batches, 3)
+    closed = [numbered(batches, update) for _, update, _ in session.updates]
+    trained = [numbered(batches, group) for group in groups if sum(b.loss_units for b in group)]
+    with rule("every K consecutive micro-batches are one update, the last one possibly shorter; each closes on its "
+              "last micro-batch (force_update)"):
+        expect_equal("the micro-batches of each update that closed, numbered from 1", closed, trained)
+    with rule("an update without any assistant token is not trained: none of its micro-batches goes to the session"):
+        expect_equal("micro-batches sent to train_step, numbered from 1",
+                     numbered(batches, [b for b, _, _ in session.calls]), [i for update in trained for i in update])
+    reports = [r if r is None else (r.parameters_updated, r.microsteps_accumulated, r.optimizer_step)
+               for r in result] if isinstance(result, list) else result
+    with rule("one entry per update: the report of the micro-step that closed it, None for an update not trained"):
+        expect_equal("sft_epoch's result: (parameters_updated, microsteps_accumulated, optimizer_step) per update",
+                     reports, [(True, 3, 1), None, (True, 3, 2), (True, 1, 3)])
+    expect_equal("session.optimizer_step after the epoch", session.optimizer_step, 3)
+
+
+@check("sft_epoch", objective="sft_updates")
+def sft_epoch_passes_lr_and_clipping(impl):
+    """lr and clip_grad_norm reach every micro-step's options (the session writes the lr into every param group
+    and clips each update); their defaults, None and 0.0, keep the optimizer's lr and do not clip."""
+    for options, expected in (({"lr": 0.05, "clip_grad_norm": 0.5}, (0.05, 0.5)), ({}, (None, 0.0))):
+        session, _, result = run_epoch(impl, **options)
+        seen = sorted({(o.lr, o.clip_grad_norm) for _, o, _ in session.calls})
+        with rule("every micro-step's TrainingStepOptions carries lr and clip_grad_norm as sft_epoch got them"):
+            expect_equal(f"sft_epoch(..., {options}): (lr, clip_grad_norm) of the micro-steps", seen, [expected])
+        expect_equal(f"sft_epoch(..., {options}): the optimizer's lr afterwards", session.optimizer.param_groups[0]["lr"],
+                     expected[0] if expected[0] is not None else 0.1)
+
+
+@check("sft_epoch", objective="sft_updates", hidden=True)
+def sft_epoch_with_other_windows(impl):
+    """The same micro-batches with K = 4 (updates of 4, 4 and 2 micro-batches) and with K = 12, larger than the
+    epoch (one update of all 10): each update's gradient is one backward of its micro-batches."""
+    for k, sizes in ((4, [4, 4, 2]), (12, [10])):
+        session, _, result = run_epoch(impl, k)
+        with rule("every K consecutive micro-batches are one update, the last one possibly shorter"):
+            expect_equal(f"K = {k}: micro-batches per update that closed", [len(u) for _, u, _ in session.updates],
+                         sizes)
+        for number, (before, batches, grads) in enumerate(session.updates, start=1):
+            with rule("each micro-step backpropagates loss * gradient_units / normalization_units, "
+                      "normalization_units the assistant tokens of the WHOLE update"):
+                expect_tensors_close(f"K = {k}, update {number}: accumulated gradient vs one backward of the update",
+                                     grads, sft_update_gradients(batches, before), rtol=GRAD_RTOL, atol=GRAD_ATOL)
