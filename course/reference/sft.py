@@ -47,8 +47,9 @@ def _validate_weights(path, state_dict: dict, expected: dict) -> None:
     naming the keys, raised before anything is loaded."""
     missing = sorted(expected.keys() - state_dict.keys())
     unexpected = sorted(state_dict.keys() - expected.keys())
-    misshapen = sorted(name for name in expected.keys() & state_dict.keys()
-                       if not isinstance(state_dict[name], torch.Tensor) or state_dict[name].shape != expected[name].shape)
+    fits = {name for name, value in state_dict.items()
+            if isinstance(value, torch.Tensor) and name in expected and value.shape == expected[name].shape}
+    misshapen = sorted((expected.keys() & state_dict.keys()) - fits)
     if missing or unexpected or misshapen:
         raise ValueError(f"path {str(path)!r} is not a weights file of this model (nothing loaded): missing keys "
                          f"{missing}, unexpected keys {unexpected}, entries that are not a tensor of the model's "

@@ -127,7 +127,7 @@ def labels_of_a_truncated_conversation(impl):
 # Made-up ids with two-id markers: start [1, 7], end [2, 9]; an answer may hold the end marker's first id alone.
 START, END = [1, 7], [2, 9]
 ID_CASES = {
-    "the end marker's first id alone inside an answer": [1, 5, 5, 2, 9, 1, 7, 6, 2, 6, 2, 9, 0, 0],
+    "the end marker's first id alone inside an answer": [1, 5, 5, 2, 9, 1, 7, 6, 2, 6, 6, 2, 9, 0],
     "an empty answer": [1, 5, 2, 9, 1, 7, 2, 9, 0],
     "a start marker as the last ids": [1, 5, 2, 9, 1, 7],
     "an end marker before any start marker": [2, 9, 1, 7, 4, 2, 9],

@@ -79,8 +79,8 @@ def every_second_turn(input_ids, assistant_start, end):
     labels = [IGNORE_INDEX] * len(input_ids)
     for turn in turns[1::2]:
         first = turn + len(assistant_start)
-        stop = next((i + len(end) for i in range(first, len(input_ids)) if list(input_ids[i:i + len(end)]) == list(end)),
-                    len(input_ids))
+        stop = next((i + len(end) for i in range(first, len(input_ids))
+                     if list(input_ids[i:i + len(end)]) == list(end)), len(input_ids))
         labels[first:stop] = input_ids[first:stop]
     return labels
 
@@ -159,4 +159,18 @@ def mask_test_passes_correct_and_fails_wrong(impl):
                     "a correct mask is upstream's labels, token for token: compare with sft_sample(...).labels",
                     "the implementation's contract is lesson 17 §5.1's: (input_ids, assistant_start, end) -> a list; "
                     "run your test on course/minimind/sft.py::sft_labels by hand",
-                    lambda wrong: wrong.hint)
+                    lambda wrong: PASSES_EVERYTHING if passes(impl.test_assistant_labels_match_upstream, list)
+                    else wrong.hint)
+
+
+PASSES_EVERYTHING = ("your test passes every implementation, even one that returns input_ids unchanged: assert that "
+                     "the labels equal upstream's (sft_sample(...).labels), every one of them")
+
+
+def passes(student_test, implementation) -> bool:
+    """Whether ``student_test`` returns on ``implementation``."""
+    try:
+        student_test(lambda input_ids, assistant_start, end: implementation(input_ids))
+    except Exception:
+        return False
+    return True

@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from course.minimind import IGNORE_INDEX
-from course.protocol.text import naive_mean_step
+from course.protocol.text import token_weighted_step
 from course.reference import train_session as lesson16
 from course.runs import grads_of, params_of, session_model
 from course.runs.sft import sft_micro_batches, sft_update_gradients
@@ -127,12 +127,19 @@ def run_epoch(impl, k: int = 3, batches=None, **options) -> tuple[RecordingSessi
     except NotImplementedError:
         raise
     except Exception as exc:
-        zero = "normalization_units" in str(exc) or isinstance(exc, ZeroDivisionError)
         fail(f"sft_epoch(session, {len(batches)} micro-batches, {k}) raised", f"{type(exc).__name__}: {exc}",
-             "one entry per update", "hint: the rule: " + (
-                 "an update without any assistant token is not trained (its normalization units would be 0)"
-                 if zero else "drive the session with train_step(batch, TrainingStepOptions(...), step_fn)"))
+             "one entry per update", f"hint: the rule: {epoch_error_hint(exc)}")
     return session, batches, result
+
+
+def epoch_error_hint(exc: Exception) -> str:
+    """The rule an error of lesson 16's session (its wording) points at."""
+    if "changed inside an update" in str(exc):
+        return ("every micro-step of an update gets the same normalization_units: the assistant tokens of the WHOLE "
+                "update, counted before its first micro-step")
+    if "normalization_units" in str(exc) or isinstance(exc, ZeroDivisionError):
+        return "an update without any assistant token is not trained (its normalization units would be 0)"
+    return "drive the session with train_step(batch, TrainingStepOptions(...), step_fn), one call per micro-batch"
 
 
 def windows(batches: list, k: int) -> list[list]:
@@ -153,22 +160,32 @@ def sft_epoch_update_is_one_backward_of_its_assistant_tokens(impl):
     for number, (before, batches, grads) in enumerate(session.updates, start=1):
         units = [b.loss_units for b in batches]
         expected = sft_update_gradients(batches, before)
-        naive = naive_gradients(batches, before)
-        weighted = all(torch.allclose(grads[n], naive[n], rtol=GRAD_RTOL, atol=GRAD_ATOL) for n in grads)
-        with rule("the gradient is the mean of micro-batch means (loss / K): weight each micro-batch by its "
-                  "assistant tokens, gradient_units / normalization_units (token_weighted_step)" if weighted else
-                  "each micro-step backpropagates its loss * gradient_units / normalization_units, normalization_units "
-                  "the assistant tokens of the WHOLE update (token_weighted_step)"):
+        with rule(gradient_hint(grads, naive_gradients(batches, before))):
             expect_tensors_close(f"update {number} (micro-batches holding {units} shifted assistant targets): "
                                  "accumulated gradient vs one backward of the whole update", grads, expected,
                                  rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
+def gradient_hint(grads: dict, naive: dict) -> str:
+    """The rule a wrong update gradient points at: NaN from a micro-batch without targets, the mean of micro-batch
+    means, or another weighting."""
+    if any(grad.isnan().any() for grad in grads.values()):
+        return ("the gradient holds NaN: a micro-batch without an assistant token has no mean (0 / 0), so the mean "
+                "of micro-batch means (loss / K, naive_mean_step) breaks on it; weigh each micro-batch by its tokens "
+                "(token_weighted_step), and it adds 0")
+    if all(torch.allclose(grads[n], naive[n], rtol=GRAD_RTOL, atol=GRAD_ATOL) for n in grads):
+        return ("the gradient is the mean of micro-batch means (loss / K): weight each micro-batch by its assistant "
+                "tokens, gradient_units / normalization_units (token_weighted_step)")
+    return ("each micro-step backpropagates its loss * gradient_units / normalization_units, normalization_units the "
+            "assistant tokens of the WHOLE update (token_weighted_step)")
+
+
 def naive_gradients(batches, params) -> dict:
-    """Lesson 14's objective on the same micro-batches: each micro-batch's mean / K (the hint's comparison)."""
+    """Lesson 14's objective on the same micro-batches, the hint's comparison: each micro-batch's mean / K (a
+    micro-batch without a target adds 0, as it does through the session)."""
     model = session_model(params)
     for batch in batches:
-        naive_mean_step(model, batch).loss.div(len(batches)).backward()
+        token_weighted_step(model, batch).loss.div(len(batches)).backward()
     return grads_of(model)
 
 
@@ -204,8 +221,8 @@ def sft_epoch_passes_lr_and_clipping(impl):
         seen = sorted({(o.lr, o.clip_grad_norm) for _, o, _ in session.calls})
         with rule("every micro-step's TrainingStepOptions carries lr and clip_grad_norm as sft_epoch got them"):
             expect_equal(f"sft_epoch(..., {options}): (lr, clip_grad_norm) of the micro-steps", seen, [expected])
-        expect_equal(f"sft_epoch(..., {options}): the optimizer's lr afterwards", session.optimizer.param_groups[0]["lr"],
-                     expected[0] if expected[0] is not None else 0.1)
+        expect_equal(f"sft_epoch(..., {options}): the optimizer's lr afterwards",
+                     session.optimizer.param_groups[0]["lr"], expected[0] if expected[0] is not None else 0.1)
 
 
 @check("sft_epoch", objective="sft_updates", hidden=True)

@@ -31,6 +31,9 @@ def pretrained_model() -> torch.nn.Module:
     return model
 
 
+RESHAPED = "model.layers.0.mlp.up_proj.weight"   # given 8 more rows in one file
+
+
 @contextlib.contextmanager
 def weights_files():
     """``{kind: path}`` of the files a check loads, in a temporary directory."""
@@ -45,6 +48,7 @@ def weights_files():
         "resume": {"model": state, "optimizer": torch.optim.AdamW(model.parameters()).state_dict(), "scaler": None,
                    "epoch": 0, "step": 8, "world_size": 1},
         "wider": wider,
+        "reshaped": {**state, RESHAPED: torch.zeros(state[RESHAPED].shape[0] + 8, state[RESHAPED].shape[1])},
     }
     with tempfile.TemporaryDirectory(prefix="lesson17-weights-") as folder:
         paths = {kind: Path(folder) / f"{kind}.pth" for kind in (*contents, "fp16")}
@@ -110,14 +114,15 @@ MISFITS = (("a file without model.norm.weight", "missing", "model.norm.weight"),
            ("a file with an extra lm_head.bias", "unexpected", "lm_head.bias"),
            ("a file saved through torch.compile (every key prefixed _orig_mod.)", "compiled", None),
            ("lesson 15's resume checkpoint (model, optimizer, scaler, epoch, step, world_size)", "resume", None),
-           ("the weights of a wider model (hidden size 48)", "wider", None))
+           ("the weights of a wider model (hidden size 48)", "wider", None),
+           (f"a file whose {RESHAPED} has 8 more rows", "reshaped", RESHAPED))
 
 
 @check("load_pretrained_weights", objective="pretrained_weights")
 def refuses_a_file_that_does_not_fit(impl):
     """A file that is not the model's weights is refused with an error naming a key, and the model stays as it
     was: a key missing (upstream's strict=False loads the rest and says nothing), an extra key, every key
-    prefixed by torch.compile, a resume checkpoint, a wider model's shapes."""
+    prefixed by torch.compile, a resume checkpoint, a wider model's shapes, one tensor of another shape."""
     with weights_files() as paths:
         keys = {*session_model().state_dict(), *(k for p in paths.values() for k in torch.load(p, weights_only=True))}
         for what, kind, key in MISFITS:
