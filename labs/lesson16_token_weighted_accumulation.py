@@ -16,7 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from course.experiments.token_weighting import VARIANTS, Setup, compare, draw_comparison  # noqa: E402
+from course.experiments.token_weighting import (VARIANTS, Setup, add_setup_arguments, compare,  # noqa: E402
+                                                draw_comparison)
 from course.reference import train_session as reference  # noqa: E402
 from course.runs.threads import cpu_threads  # noqa: E402
 
@@ -33,16 +34,7 @@ def plot(history: dict, out: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    defaults = Setup()
-    parser.add_argument("--updates", type=int, default=defaults.updates)
-    parser.add_argument("--global-batch", type=int, default=defaults.global_batch)
-    parser.add_argument("--accumulation-steps", type=int, default=defaults.accumulation_steps)
-    parser.add_argument("--max-seq-len", type=int, default=defaults.max_seq_len)
-    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
-    parser.add_argument("--num-hidden-layers", type=int, default=defaults.num_hidden_layers)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--grad-clip", type=float, default=defaults.grad_clip)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    add_setup_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("out/lesson16/token_weighted_accumulation.png"))
     return parser
 

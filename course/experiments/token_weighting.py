@@ -1,9 +1,10 @@
-"""Lesson 16: naive ``loss / K`` vs token-weighted accumulation vs the true full batch.
+"""Lessons 16 and 17: naive ``loss / K`` vs token-weighted accumulation vs the true full batch.
 
-Padded tiny-corpus samples (short lines end in -100 labels), grouped by length inside each global
+Lesson 16: padded tiny-corpus samples (short lines end in -100 labels), grouped by length inside each global
 batch as a length-bucketing loader would do, so the K micro-batches of an update hold very
-different numbers of valid targets. Three copies of the tiny MiniMind start from the same weights
-and train on the same global batches with AdamW:
+different numbers of valid targets. Lesson 17: SFT samples (any dataset of ``(input_ids, labels)``) in the
+loader's own order, their masks as unequal as the answers are long. Three copies of the tiny MiniMind start
+from the same weights and train on the same global batches with AdamW:
 
 * full           - one backward of the whole global batch, loss = NLL sum / its valid tokens (the truth);
 * token_weighted - ``TrainingSession`` with K micro-steps and ``normalization_units``;
@@ -16,7 +17,7 @@ comparison records how far each trained copy has drifted from the full-batch cop
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -39,6 +40,19 @@ class Setup:
     lr: float = 1e-3
     grad_clip: float = 1.0
     seed: int = 42
+    sort_by_targets: bool = True   # each global batch's samples longest first (near the worst case), else as drawn
+
+
+# Lesson 17's lab: SFT samples in the loader's order; 96 ids hold every answer of the built-in chat corpus but two
+SFT_SETUP = Setup(max_seq_len=96, sort_by_targets=False)
+
+
+def add_setup_arguments(parser, defaults: Setup = Setup()) -> None:
+    """A lab's flags: one ``--name`` per number of ``Setup`` (dashes for underscores), defaulting to ``defaults``."""
+    for field in fields(Setup):
+        value = getattr(defaults, field.name)
+        if not isinstance(value, bool):
+            parser.add_argument("--" + field.name.replace("_", "-"), type=type(value), default=value)
 
 
 def flat(tensors: dict) -> torch.Tensor:
@@ -46,12 +60,14 @@ def flat(tensors: dict) -> torch.Tensor:
 
 
 def global_batches(impl, dataset, setup) -> list[list]:
-    """Each update's micro-batches; samples sorted by valid length inside the global batch."""
+    """Each update's micro-batches; samples sorted by valid length inside the global batch when the setup says so."""
     order = epoch_order(len(dataset), setup.seed, 0)
     updates = []
     for u in range(setup.updates):
         indices = [order[(u * setup.global_batch + i) % len(order)] for i in range(setup.global_batch)]
-        samples = sorted((dataset[i] for i in indices), key=lambda s: -impl.count_loss_units(s[1]))
+        samples = [dataset[i] for i in indices]
+        if setup.sort_by_targets:
+            samples.sort(key=lambda s: -impl.count_loss_units(s[1]))
         updates.append([collate(m, impl.count_loss_units)
                         for m in impl.split_global_batch(samples, setup.global_batch, setup.accumulation_steps)])
     return updates
@@ -89,9 +105,10 @@ def probe(impl, model, probe_model, variant: str, batches) -> tuple[torch.Tensor
     return flat(grads), float(sum(losses))
 
 
-def compare(impl, setup: Setup = Setup()) -> dict:
-    """Train the three variants side by side; the per-update measurements as lists."""
-    dataset = PretrainDataset(TINY_CORPUS, max_length=setup.max_seq_len)
+def compare(impl, setup: Setup = Setup(), dataset=None) -> dict:
+    """Train the three variants side by side on ``dataset`` (default: the padded tiny corpus); the per-update
+    measurements as lists."""
+    dataset = PretrainDataset(TINY_CORPUS, max_length=setup.max_seq_len) if dataset is None else dataset
     updates = global_batches(impl, dataset, setup)
     config = MiniMindConfig(hidden_size=setup.hidden_size, num_hidden_layers=setup.num_hidden_layers)
     setup_seed(setup.seed)
@@ -104,8 +121,8 @@ def compare(impl, setup: Setup = Setup()) -> dict:
     sessions = {v: impl.TrainingSession(m, torch.optim.AdamW(m.parameters(), lr=setup.lr),
                                         accumulation_steps=1 if v == "full" else setup.accumulation_steps)
                 for v, m in models.items()}
-    history = {"units": [[b.loss_units for b in updates[0]]], "loss_gap": [], "cosine": {}, "max_diff": {},
-               "drift": {v: [] for v in VARIANTS[1:]}}
+    history = {"units": [[b.loss_units for b in batches] for batches in updates], "loss_gap": [], "cosine": {},
+               "max_diff": {}, "drift": {v: [] for v in VARIANTS[1:]}}
     for v in VARIANTS[1:]:
         history["cosine"][v], history["max_diff"][v] = [], []
     for batches in updates:

@@ -21,15 +21,14 @@ from course.runs.sft import sft_sample
 def _spans(input_ids: list[int], assistant_start: list[int], end: list[int]) -> list[tuple[int, int]]:
     """``(first, stop)`` of each assistant span: from the id after a start marker through the next end marker,
     or to the sample's end when none follows; the search for the next start resumes after the span."""
-    spans, position = [], 0
-    while position < len(input_ids):
-        if input_ids[position:position + len(assistant_start)] != assistant_start:
-            position += 1
+    spans, resume = [], 0
+    for position in range(len(input_ids)):
+        if position < resume or input_ids[position:position + len(assistant_start)] != assistant_start:
             continue
         first = position + len(assistant_start)
-        position = next((i + len(end) for i in range(first, len(input_ids)) if input_ids[i:i + len(end)] == end),
-                        len(input_ids))
-        spans.append((first, position))
+        resume = next((i + len(end) for i in range(first, len(input_ids)) if input_ids[i:i + len(end)] == end),
+                      len(input_ids))
+        spans.append((first, resume))
     return spans
 
 

@@ -13,9 +13,9 @@ from .updates import (sft_epoch_closes_each_update_once, sft_epoch_passes_lr_and
 from .weights import (load_names_a_bad_path, load_never_runs_code, load_refusal_is_a_value_error_naming_every_key,
                       loads_a_weights_file_exactly, refuses_a_file_that_does_not_fit)
 
-SPAN_END = ('        position = next((i + len(end) for i in range(first, len(input_ids)) '
-            'if input_ids[i:i + len(end)] == end),\n                        len(input_ids))\n')
-NO_END = "\n                        len(input_ids))"   # the span's stop when no end marker follows
+SPAN_END = ('        resume = next((i + len(end) for i in range(first, len(input_ids)) '
+            'if input_ids[i:i + len(end)] == end),\n                      len(input_ids))\n')
+NO_END = "\n                      len(input_ids))"   # the span's stop when no end marker follows
 LOAD = '    _validate_weights(path, state_dict, model.state_dict())\n    model.load_state_dict(state_dict)\n'
 UNITS = '        units += [sum(window)] * len(window)\n'
 OPTIONS = ('            options = TrainingStepOptions(lr=lr, clip_grad_norm=clip_grad_norm, '
@@ -27,26 +27,26 @@ TEST_CALL = '        labels = assistant_labels(sample.input_ids, sample.assistan
 MISTAKES = [
     # assistant_labels (§5.1)
     mistake("labels_the_marker", "a span starts at the assistant marker: <|im_start|>assistant\\n is trained on",
-            "_spans", "        spans.append((first, position))", "        spans.append((first - len(assistant_start), "
-            "position))", labels_cover_every_assistant_turn, rule="the assistant marker itself is no target"),
+            "_spans", "        spans.append((first, resume))", "        spans.append((first - len(assistant_start), "
+            "resume))", labels_cover_every_assistant_turn, rule="the assistant marker itself is no target"),
     mistake("end_marker_not_trained", "a span stops before <|im_end|>: the model never learns to end its turn",
             "_spans", "(i + len(end) for i in range(", "(i for i in range(", labels_cover_every_assistant_turn,
             rule="runs through its end marker"),
     mistake("first_turn_only", "only the first assistant turn is a span", "_spans",
-            "        spans.append((first, position))\n    return spans", "        return [(first, position)]\n"
+            "        spans.append((first, resume))\n    return spans", "        return [(first, resume)]\n"
             "    return spans", labels_cover_every_assistant_turn, rule="every assistant turn is a span"),
     mistake("span_opens_at_any_turn", "a span opens after any <|im_start|> (its first id): user and system turns are "
             "trained on", "_spans",
-            "        if input_ids[position:position + len(assistant_start)] != assistant_start:",
-            "        if input_ids[position] != assistant_start[0]:", labels_cover_every_assistant_turn,
+            "input_ids[position:position + len(assistant_start)] != assistant_start:",
+            "input_ids[position] != assistant_start[0]:", labels_cover_every_assistant_turn,
             rule="a span opens only after the whole assistant marker"),
     mistake("labels_shifted", "labels already shifted by one: the model's loss shifts them again", "assistant_labels",
             "        labels[first:stop] = input_ids[first:stop]", "        labels[first - 1:stop - 1] = "
             "input_ids[first:stop]", labels_cover_every_assistant_turn, rule="labels are unshifted"),
     mistake("drops_a_truncated_span", "a span without an end marker (cut by max_length) is left out", "_spans",
-            SPAN_END + "        spans.append((first, position))",
-            SPAN_END.replace(NO_END, NO_END.replace("len(input_ids)", "None")) + "        if position is None:\n"
-            "            break\n        spans.append((first, position))", labels_of_a_truncated_conversation,
+            SPAN_END + "        spans.append((first, resume))",
+            SPAN_END.replace(NO_END, NO_END.replace("len(input_ids)", "None")) + "        if resume is None:\n"
+            "            break\n        spans.append((first, resume))", labels_of_a_truncated_conversation,
             rule="runs to the end of the sample"),
     mistake("truncated_span_one_short", "a span cut by max_length stops one id before the sample's end", "_spans",
             SPAN_END, SPAN_END.replace(NO_END, NO_END.replace("len(input_ids)", "len(input_ids) - 1")),
@@ -189,8 +189,8 @@ MISTAKES = [
 EQUIVALENTS = [
     equivalent("resumes_after_the_marker", "the next start is searched from the id after the marker, not after the "
                "span: a start marker inside a span opens a span inside it, labelling nothing new", "_spans",
-               "        spans.append((first, position))", "        spans.append((first, position))\n"
-               "        position = first"),
+               "        spans.append((first, resume))", "        spans.append((first, resume))\n"
+               "        resume = first"),
     equivalent("copies_every_tensor", "copy_ into every tensor of model.state_dict() is what load_state_dict does "
                "(tied names share one tensor)", "load_pretrained_weights", "    model.load_state_dict(state_dict)\n",
                "    with torch.no_grad():\n        for name, tensor in model.state_dict().items():\n"
