@@ -14,7 +14,6 @@ Each block runs on the CPU and prints what its prediction asked for:
 """
 from __future__ import annotations
 
-import argparse
 import random
 import tempfile
 from fractions import Fraction
@@ -146,8 +145,7 @@ def sample_of_an_index() -> None:
 
 
 @cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
-def main(argv=None) -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+def main() -> None:
     mask_of_one_turn()
     answer_with_two_spaces()
     truncated_samples()
