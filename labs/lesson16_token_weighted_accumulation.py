@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from course.experiments.token_weighting import (VARIANTS, Setup, add_setup_arguments, compare,  # noqa: E402
                                                 draw_comparison)
 from course.reference import train_session as reference  # noqa: E402
+from course.experiments.figures import save_lab_figure  # noqa: E402
 from course.runs.threads import cpu_threads  # noqa: E402
 
 
@@ -26,10 +27,7 @@ def plot(history: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     draw_comparison(axes, history)
     fig.suptitle("Lesson 16: naive loss/K vs token-weighted accumulation (padded tiny corpus)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_lab_figure(fig, out)
 
 
 def build_parser() -> argparse.ArgumentParser:

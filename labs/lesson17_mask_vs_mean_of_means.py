@@ -23,8 +23,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from course.experiments.token_weighting import (SFT_SETUP, VARIANTS, Setup, add_setup_arguments,  # noqa: E402
                                                 compare, draw_comparison)
+from course.input_errors import refusing_input_errors  # noqa: E402
 from course.reference import train_session as lesson16  # noqa: E402
 from course.runs.sft import SFT_TINY_CORPUS, sft_dataset  # noqa: E402
+from course.experiments.figures import save_lab_figure  # noqa: E402
 from course.runs.threads import cpu_threads  # noqa: E402
 
 def plot(history: dict, out: Path) -> None:
@@ -37,10 +39,7 @@ def plot(history: dict, out: Path) -> None:
     counts.grid(alpha=0.3)
     draw_comparison(axes[1:], history)
     fig.suptitle("Lesson 17: token-weighted vs the mean of micro-batch means (loss / K) on SFT masks")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save_lab_figure(fig, out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@refusing_input_errors   # a bad --data-path: one line naming the file (and line), exit code 2
 @cpu_threads()   # one thread unless OMP_NUM_THREADS says otherwise (course/runs/threads.py)
-def main(argv=None) -> dict:
+def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.updates < 1 or args.global_batch % args.accumulation_steps:
         raise SystemExit("--updates must be >= 1 and --global-batch divisible by --accumulation-steps")
@@ -78,8 +78,8 @@ def main(argv=None) -> dict:
               f"drift after {setup.updates} updates {history['drift'][variant][-1]:.2e}")
     plot(history, args.out)
     print(f"figure: {args.out}")
-    return history
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
