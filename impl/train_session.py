@@ -65,8 +65,8 @@ class TrainingSession:
     K-th micro-step or ``options.force_update``), its gradient is that of ONE backward of the whole global
     batch (§1.2); it takes one optimizer step at ``options.lr`` (when given) in every param group, clipped to
     ``options.clip_grad_norm`` (0: no clipping). Hooks: ``before_update()`` sees the accumulated gradients
-    (still scaled) and aborts the update by returning True; ``after_update()`` runs after a step that happened,
-    before the gradients are cleared. The ``TrainingStepReport`` fields and what each outcome reports: §4.3.
+    (still scaled by an enabled scaler) and aborts the update by returning True; ``after_update()`` runs after
+    a step that happened, before the gradients are cleared. What the ``TrainingStepReport`` says: §4.3.
     An error inside ``train_step`` invalidates the accumulation: later calls raise ``AccumulationInvalidError``
     until ``reset_accumulation()``. ``state()`` / ``load_state(state)``: its ``TrainingSessionState``.
     Example: K = 2 -> the first ``train_step`` reports ``parameters_updated=False``, the second True.
