@@ -3,6 +3,8 @@
 * ``loop``    - ``LoopScenario``, ``training_objects``, epoch batches, ``run_oracle`` / ``run_impl`` (lesson 14)
 * ``resume``  - train to a stop point, save, resume with an implementation and finish (lesson 15)
 * ``session`` - masked micro-batches, the one-backward oracle, ``run_update`` (lesson 16)
+* ``sft``     - conversations labelled as upstream labels them, the built-in chat corpus, its micro-batches and the
+  one-backward oracle of an SFT update (lesson 17; imported as ``course.runs.sft``)
 * ``distributed`` - ``process_group`` (join a torch.distributed group, free DDP objects before leaving) and
   ``free_port`` (the stage assembly under torchrun, lesson 16's DDP demonstration)
 * ``accumulation`` - correct accumulations that the test-writing exercises test (lessons 14 and 16)
