@@ -124,9 +124,9 @@ def _rank(group: str) -> int:
 # family or thread count to another. `-m cpu_matrix` selects them; .ci/run runs them again under each of the
 # CPU's other kernel families and with two threads.
 CPU_MATRIX_MODULES = ("test_docs_commands.py", "test_stage_assembly.py", "test_lesson14_predictions.py",
-                      "test_lesson15_predictions.py", "test_lesson16_predictions.py", "test_oracle.py",
-                      "test_upstream_fixture.py", "test_lesson15_checkpoint.py", "test_stage_assembly_ddp.py",
-                      "test_lesson16_train_session.py", "test_lesson_checks.py")
+                      "test_lesson15_predictions.py", "test_lesson16_predictions.py", "test_lesson17_predictions.py",
+                      "test_oracle.py", "test_upstream_fixture.py", "test_lesson15_checkpoint.py",
+                      "test_stage_assembly_ddp.py", "test_lesson16_train_session.py", "test_lesson_checks.py")
 
 
 @pytest.hookimpl(wrapper=True)   # around xdist's own hook, which reads the xdist_group marks (tryfirst alone
