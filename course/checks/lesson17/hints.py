@@ -66,8 +66,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "A test is only as strong as the wrong masks it rejects. List the ways a mask can go wrong (a turn missed, "
         "a marker trained, a truncated answer dropped, a sample without an answer trained on everything, a system "
         "prompt taken for an answer, a shift) and choose a conversation under which each shows.",
-        "course/runs/sft.py::sft_sample gives a conversation's ids and upstream's own labels; course/reference's "
-        "test is not yours to read, but lesson 17 §5.4's list of wrong masks says which conversations expose them.",
+        "course/runs/sft.py::sft_sample gives a conversation's ids and upstream's own labels (the oracle's "
+        "sft_labels); lesson 17 §5.4's table of wrong masks says which conversations expose them.",
         "Several conversations: one with a system prompt and two or more assistant turns; one cut (max_length) in "
         "the middle of an answer; one cut before its answer. For each, assert assistant_labels(sample.input_ids, "
         "sample.assistant_start, sample.end) == sample.labels, the whole list. Let exceptions propagate.",
