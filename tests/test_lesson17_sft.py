@@ -8,7 +8,6 @@ import re
 from collections import Counter
 
 import pytest
-import torch
 from prediction_labs import lesson_texts, text_id
 
 from course.checks import get_lesson
