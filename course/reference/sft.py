@@ -11,6 +11,7 @@ import re
 
 import torch
 
+from course.input_errors import InputError
 from course.minimind import IGNORE_INDEX
 from course.minimind.sft import assistant_markers, read_state_dict
 from course.protocol.text import token_weighted_step
@@ -42,15 +43,15 @@ def assistant_labels(input_ids: list[int], assistant_start: list[int], end: list
 
 
 def _validate_weights(path, state_dict: dict, expected: dict) -> None:
-    """Every key of the model in the file and no other, each a tensor of the model's shape; else a ValueError
-    naming the keys, raised before anything is loaded."""
+    """Every key of the model in the file and no other, each a tensor of the model's shape; else an InputError (a
+    ValueError: a command refuses it with one line, exit code 2) naming the keys, raised before anything is loaded."""
     missing = sorted(expected.keys() - state_dict.keys())
     unexpected = sorted(state_dict.keys() - expected.keys())
     fits = {name for name, value in state_dict.items()
             if isinstance(value, torch.Tensor) and name in expected and value.shape == expected[name].shape}
     misshapen = sorted((expected.keys() & state_dict.keys()) - fits)
     if missing or unexpected or misshapen:
-        raise ValueError(f"path {str(path)!r} is not a weights file of this model (nothing loaded): missing keys "
+        raise InputError(f"path {str(path)!r} is not a weights file of this model (nothing loaded): missing keys "
                          f"{missing}, unexpected keys {unexpected}, entries that are not a tensor of the model's "
                          f"shape {misshapen}")
 

@@ -163,7 +163,7 @@ MISTAKES = [
             "_validate_weights", "missing keys \"\n                         f\"{missing}", "missing keys \"\n"
             "                         f\"{missing[:1]}", load_refusal_is_a_value_error_naming_every_key),
     mistake("misfit_is_a_runtime_error", "a file that does not fit is a RuntimeError (torch's), not a ValueError",
-            "_validate_weights", "        raise ValueError(", "        raise RuntimeError(",
+            "_validate_weights", "        raise InputError(", "        raise RuntimeError(",
             load_refusal_is_a_value_error_naming_every_key),
     mistake("non_tensor_entries_not_checked", "an entry that is not a tensor reaches .shape (AttributeError)",
             "_validate_weights", "isinstance(value, torch.Tensor) and name in expected and ",
