@@ -71,8 +71,9 @@ def test_assistant_labels_match_upstream(assistant_labels) -> None:
     """TODO (lesson 17 §5.4): a test that ``assistant_labels`` gives upstream's labels, on conversations you choose.
 
     ``assistant_labels`` is the code under test (the contract of §5.1). Return nothing when it is right; raise
-    ``AssertionError`` when it is wrong. ``sft_sample(messages, max_length)`` (imported above) renders, tokenizes
-    and cuts a conversation and gives upstream's own labels for it. §5.4 says what the grader runs your test on.
+    ``AssertionError`` when it is wrong. ``sft_sample(messages, max_length, tokenizer=None, *,
+    empty_think_removed=False)`` (imported above) renders, tokenizes and cuts a conversation and gives upstream's
+    own labels for it. §5.4 says what the grader runs your test on.
     """
     raise NotImplementedError("test_assistant_labels_match_upstream: TODO - see lesson 17 §5.4")
 

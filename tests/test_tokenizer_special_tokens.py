@@ -6,11 +6,9 @@ from __future__ import annotations
 import random
 
 from course.checks.framework import expect_equal
-from course.implementations import REPO_ROOT
-from course.minimind import ByteTokenizer, load_tokenizer
+from course.minimind import UPSTREAM_TOKENIZER_DIR, ByteTokenizer, load_tokenizer
 from course.minimind.sft import SFTDataset
 
-UPSTREAM_TOKENIZER = REPO_ROOT / "tests" / "fixtures" / "upstream" / "minimind_tokenizer"
 CHAT = "<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\nHi<|im_end|>\n<|endoftext|>"
 
 
@@ -33,7 +31,7 @@ def test_byte_tokenizer_keeps_every_other_text_byte_for_byte():
 
 
 def test_both_tokenizers_name_their_special_tokens():
-    for tok in (ByteTokenizer(), load_tokenizer(UPSTREAM_TOKENIZER)):
+    for tok in (ByteTokenizer(), load_tokenizer(UPSTREAM_TOKENIZER_DIR)):
         name = type(tok).__name__
         expect_equal(f"{name}: (pad, bos, eos) tokens", (tok.pad_token, tok.bos_token, tok.eos_token),
                      ("<|endoftext|>", "<|im_start|>", "<|im_end|>"))
@@ -42,7 +40,7 @@ def test_both_tokenizers_name_their_special_tokens():
 
 
 def test_upstream_tokenizer_splits_added_tokens_out_of_text():
-    tok = load_tokenizer(UPSTREAM_TOKENIZER)
+    tok = load_tokenizer(UPSTREAM_TOKENIZER_DIR)
     ids = tok.encode(CHAT)
     expect_equal("special ids in order", [i for i in ids if i < 3], [1, 2, 1, 2, 0])
     expect_equal("<think> (an added, non-special token)", tok.encode("<think>"), [25])

@@ -4,7 +4,7 @@
 docstring says how to regenerate it) from upstream commit d65ef2c with upstream's pinned ``transformers`` and
 ``datasets``: the chat template's output, ``SFTDataset`` samples (prompt, input_ids, labels) in four forced
 pre/post-processing modes and in upstream's own seeded order, and ``init_model`` loading weights files that
-``train_full_sft`` saved. ``fixtures/upstream/minimind_tokenizer/`` is upstream's tokenizer, copied unchanged.
+``train_full_sft`` saved. ``course/minimind/upstream_tokenizer/`` is upstream's tokenizer, copied unchanged.
 These tests only read them: everything must be equal, token for token and bit for bit.
 """
 from __future__ import annotations
@@ -19,13 +19,13 @@ import torch
 from course.checks.framework import expect_equal, fail
 from course.implementations import REPO_ROOT, load_module
 from course.input_errors import InputError
-from course.minimind import MiniMindConfig, MiniMindForCausalLM, load_tokenizer
+from course.minimind import UPSTREAM_TOKENIZER_DIR, MiniMindConfig, MiniMindForCausalLM, load_tokenizer
 from course.minimind.sft import (ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, SYSTEM_PROMPTS, SFTDataset,
                                  load_weights_like_upstream, render_chat, save_weights_like_upstream, sft_labels)
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "upstream"
 FIXTURE = FIXTURES / "minimind_sft_d65ef2c.pt"
-TOKENIZER_DIR = FIXTURES / "minimind_tokenizer"
+TOKENIZER_DIR = UPSTREAM_TOKENIZER_DIR
 MAKE_FIXTURE = load_module(FIXTURES / "make_fixture.py", "test_upstream_sft_make_fixture")
 
 TEMPLATE_CAUSE = ("render_chat differs from the chat template: check the think-block split (text before the first "
@@ -91,7 +91,7 @@ def test_fixture_is_small_pinned_and_its_tokenizer_is_upstreams():
     assert size <= 1_000_000, f"{FIXTURE.name} is {size:,} bytes; keep it <= 1 MB (make_sft_fixture.py's cases)"
     expect_equal("fixture's upstream commit", fixture()["commit"], MAKE_FIXTURE.PINNED_COMMIT)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        expect_equal(f"git blob of minimind_tokenizer/{name}", MAKE_FIXTURE.git_blob_id(TOKENIZER_DIR / name),
+        expect_equal(f"git blob of upstream_tokenizer/{name}", MAKE_FIXTURE.git_blob_id(TOKENIZER_DIR / name),
                      fixture()["blobs"][f"model/{name}"])
 
 

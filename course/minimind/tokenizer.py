@@ -22,6 +22,9 @@ from typing import Optional
 from course.input_errors import InputError
 
 # MiniMind's model/tokenizer_config.json: (role, token) for the ids PretrainDataset needs.
+# Upstream's own tokenizer (model/tokenizer.json and tokenizer_config.json at commit d65ef2c), copied unchanged by
+# tests/fixtures/upstream/make_sft_fixture.py: lesson 17's samples are tokenized with it.
+UPSTREAM_TOKENIZER_DIR = Path(__file__).resolve().parent / "upstream_tokenizer"
 MINIMIND_SPECIAL_TOKENS = {"pad_token": "<|endoftext|>", "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 
 

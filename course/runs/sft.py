@@ -2,7 +2,7 @@
 micro-batches, and the one-backward oracle of an SFT update.
 
 Every sample comes from the oracle (``course/minimind/sft.py``: MiniMind's chat template, tokenization and
-``sft_labels``) with upstream's own tokenizer, copied unchanged into tests/fixtures/upstream/minimind_tokenizer
+``sft_labels``) with upstream's own tokenizer, copied unchanged into course/minimind/upstream_tokenizer
 (6400 tokens, the tiny model's vocabulary size). Nothing here grades.
 """
 from __future__ import annotations
@@ -14,20 +14,19 @@ from dataclasses import dataclass
 import torch
 
 from course.implementations import REPO_ROOT
-from course.minimind import load_tokenizer
+from course.minimind import UPSTREAM_TOKENIZER_DIR, load_tokenizer
 from course.minimind.sft import SFTDataset, assistant_markers, encode_prompt, post_processing_chat, render_chat
 from course.protocol.text import TextBatch, collate, shifted_target_count
 
 from .session import session_model
 
-UPSTREAM_TOKENIZER = REPO_ROOT / "tests" / "fixtures" / "upstream" / "minimind_tokenizer"
 SFT_TINY_CORPUS = REPO_ROOT / "labs" / "data" / "sft_tiny.jsonl"   # 36 conversations, hand-written
 
 
 @functools.cache
 def upstream_tokenizer():
     """MiniMind's tokenizer (``model/tokenizer.json`` at upstream commit d65ef2c), loaded once."""
-    return load_tokenizer(UPSTREAM_TOKENIZER)
+    return load_tokenizer(UPSTREAM_TOKENIZER_DIR)
 
 
 @dataclass(frozen=True)
