@@ -11,7 +11,8 @@ import pytest
 from prediction_labs import lesson_texts, text_id
 
 from course.checks import get_lesson
-from course.checks.framework import CORE, HARDENING, OPTIONAL
+from course.checks.framework import CORE, FAIL, HARDENING, OPTIONAL, PASS
+from course.checks.results import grade_exercises
 from course.minimind import IGNORE_INDEX
 from course.minimind.sft import EMPTY_THINK_BLOCK, encode_prompt, render_chat
 from course.reference import sft as reference
@@ -135,3 +136,22 @@ def test_section_6_2_claims_follow_from_the_shown_output(lesson):
             f"{lesson.name} §6.2\n  ACTUAL: ratios {[round(r, 1) for r in ratios]}, drifts {drifts}\n  EXPECTED: 10 "
             "updates, all but one ratio >= 5, the largest 16, drifts < 1e-5 and 37 %\n  likely cause: the lab's "
             "printout changed: update the prose of §6.2 with it")
+
+
+SAME_EFFECT = ("lr_only_on_the_first_micro_step", "clipping_only_on_the_closing_micro_step")
+
+
+@pytest.mark.parametrize("name", SAME_EFFECT)
+def test_options_with_the_same_effect_pass_the_core(name):
+    """Lesson 16's session keeps an lr it was given and clips with the closing micro-step's clip_grad_norm: lr on
+    an update's first micro-step only, or clipping on its closing one only, trains exactly as passing both on every
+    micro-step. The core grades that effect; the convention is the hardening check's (it fails them there, and
+    never crashes on an lr of None beside a float)."""
+    mistake = next(m for m in LESSON.mistakes if m.name == name)
+    [core, hardening] = grade_exercises(LESSON, mistake.build(), only=["sft_epoch"], include_optional=True)
+    failed = [f"{r.check}: {r.message[:300]}" for r in core.checks if r.status != PASS]
+    assert core.tier == CORE and not failed, f"{name} has the reference's effect but fails the core:\n{failed}"
+    verdicts = [(r.check, r.status, r.message[:300]) for r in hardening.checks]
+    assert hardening.tier == HARDENING and any(status == FAIL and "hint: the rule: every micro-step" in message
+                                               for _, status, message in verdicts), (
+        f"{name}: the hardening tier should fail it with the convention's rule, not crash: {verdicts}")

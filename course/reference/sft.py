@@ -109,6 +109,8 @@ MASK_TEST_CASES = (
       {"role": "assistant", "content": "Red, the color of ripe strawberries and fire trucks."}], 24),  # cut mid-answer
     ([{"role": "user", "content": "Please read this long question before you answer it."},
       {"role": "assistant", "content": "Done."}], 12),              # cut before the answer: no target left
+    ([{"role": "user", "content": "Which token ends a document?"},
+      {"role": "assistant", "content": "<|endoftext|>, the pad id."}], 40),  # id 0 inside an answer: a target
 )
 
 

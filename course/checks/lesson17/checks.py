@@ -22,6 +22,8 @@ def chat(*turns: str) -> list[dict]:
 
 
 THREE_TURNS = chat("Is seven prime?", "Yes.", "And nine?", "No, nine is three times three.", "And eleven?", "Yes.")
+# An answer holding the text <|endoftext|>: the tokenizers turn it into id 0, the pad id, inside the span.
+END_OF_TEXT = chat("What ends a document?", "The token <|endoftext|> does.", "And a turn?", "<|im_end|>.")
 TWO_SPACES = chat("Show a Python line that prints one.", "  print(1)")
 
 
@@ -56,6 +58,14 @@ def mask_hint(input_ids, assistant_start, end, actual, expected) -> str:
         return "the assistant marker itself is no target: a span starts at the id after it"
     if targets < wanted and wanted - targets == ends:
         return "a span runs through its end marker: <|im_end|> and the newline after it are targets too"
+    if targets < wanted and ends and wanted - targets == {i for i in ends if i + 1 not in ends}:
+        return (f"the newline after <|im_end|> is a target: it is part of the end marker (ids {list(end)}), and a "
+                "span runs through all of them")
+    first_missing = min(wanted - targets, default=None)
+    if targets < wanted and any(input_ids[i] == 0 for i in wanted & set(range(first_missing - len(end),
+                                                                                  first_missing + 1))):
+        return ("a span copies every id up to its end marker, the pad id 0 included: an answer may hold id 0 (the "
+                "text <|endoftext|> is that one token), and upstream trains on it like any other id")
     if len(spans) > 1 and set(spans[0]) <= targets and not targets & set().union(*spans[1:]):
         return "every assistant turn is a span, not only the first: resume the search after each span"
     if cut and targets <= wanted and cut - targets:
@@ -95,7 +105,8 @@ def cut_samples(messages: list[dict], tokenizer=None) -> dict[str, SFTSample]:
 def labels_cover_every_assistant_turn(impl):
     """Upstream's labels on whole conversations: one turn, a system prompt, three turns, a think block in the
     answer, Chinese, the empty think blocks removed, an answer starting with two spaces (upstream leaves it out:
-    its first id merges with the marker's newline), and two turns through the byte-level tokenizer."""
+    its first id merges with the marker's newline), answers holding the text <|endoftext|> (id 0, the pad id: a
+    target like any id of a span), and two turns through the byte-level tokenizer."""
     cases = {
         "one turn, padded": sft_sample(chat("Name a color.", "Red."), 48),
         "a system prompt": sft_sample([SYSTEM, *chat("Name a color.", "Red.")], 64),
@@ -105,7 +116,10 @@ def labels_cover_every_assistant_turn(impl):
         "three turns, empty think blocks removed": sft_sample(THREE_TURNS, 96, empty_think_removed=True),
         "an answer starting with two spaces, empty think block removed":
             sft_sample(TWO_SPACES, 48, empty_think_removed=True),
+        "answers holding the text <|endoftext|> (id 0) and <|im_end|>, padded": sft_sample(END_OF_TEXT, 96),
         "two turns, byte-level tokenizer": sft_sample(THREE_TURNS[:4], 160, ByteTokenizer()),
+        "an answer holding <|endoftext|> (id 0), byte-level tokenizer": sft_sample(END_OF_TEXT[:2], 160,
+                                                                                    ByteTokenizer()),
     }
     for what, sample in cases.items():
         expect_labels(impl, what, sample)
@@ -135,6 +149,8 @@ ID_CASES = {
     "a start marker's first id twice": [1, 1, 7, 3, 2, 9, 0],
     "a start marker inside an answer": [1, 7, 3, 1, 7, 4, 2, 9, 5],
     "no marker at all": [3, 4, 5],
+    "the pad id 0 inside an answer": [1, 7, 6, 0, 6, 2, 9],
+    "the pad id 0 inside an answer, then padding": [1, 5, 2, 9, 1, 7, 0, 6, 0, 2, 9, 0, 0],
 }
 
 
@@ -142,7 +158,8 @@ ID_CASES = {
 def labels_match_whole_markers(impl):
     """Made-up ids with two-id markers, where only whole markers count: the end marker's first id alone inside an
     answer, an empty answer, a start marker as the last ids, an end marker before any start, answers back to
-    back, a start marker's first id twice, a start marker inside an answer, no marker at all."""
+    back, a start marker's first id twice, a start marker inside an answer, no marker at all, the pad id 0 inside
+    an answer."""
     for what, input_ids in ID_CASES.items():
         expected = sft_labels(input_ids, START, END, len(input_ids))
         expect_labels(impl, f"{what}, start marker {START}, end marker {END}",

@@ -6,10 +6,11 @@ from ..catalogue import equivalent, mistake
 from .checks import labels_cover_every_assistant_turn, labels_match_whole_markers, labels_of_a_truncated_conversation
 from .extensions import encode_sft_prompt_is_upstreams_where_nothing_merges, \
     encode_sft_prompt_trains_an_answer_starting_with_spaces
-from .test_writing import mask_test_passes_correct_and_fails_wrong
-from .updates import (sft_epoch_closes_each_update_once, sft_epoch_passes_lr_and_clipping,
-                      sft_epoch_update_is_one_backward_of_its_assistant_tokens, units_are_each_updates_shifted_targets,
-                      units_are_python_ints, units_reject_a_bad_accumulation_steps)
+from .test_writing import mask_test_fails_a_mask_that_drops_id_0, mask_test_passes_correct_and_fails_wrong
+from .updates import (sft_epoch_closes_each_update_once, sft_epoch_options_carry_lr_and_clipping_every_micro_step,
+                      sft_epoch_passes_lr_and_clipping, sft_epoch_update_is_one_backward_of_its_assistant_tokens,
+                      units_are_each_updates_shifted_targets, units_are_python_ints,
+                      units_reject_a_bad_accumulation_steps)
 from .weights import (load_names_a_bad_path, load_never_runs_code, load_refusal_is_a_value_error_naming_every_key,
                       loads_a_weights_file_exactly, refuses_a_file_that_does_not_fit)
 
@@ -21,6 +22,8 @@ UNITS = '        units += [sum(window)] * len(window)\n'
 OPTIONS = ('            options = TrainingStepOptions(lr=lr, clip_grad_norm=clip_grad_norm, '
            'normalization_units=units[start],\n')
 FORCE = "                                          force_update=position == len(window) - 1)\n"
+SKIP = ("        if units[start] == 0:   # nothing to learn; and N = 0 would divide by zero (upstream's loss is "
+        "NaN)\n            reports.append(None)\n            continue\n")
 STEP = "            report = session.train_step(batch, options, token_weighted_step)\n"
 TEST_CALL = '        labels = assistant_labels(sample.input_ids, sample.assistant_start, sample.end)\n'
 
@@ -56,6 +59,17 @@ MISTAKES = [
             "like pretraining", "assistant_labels", "    return labels\n",
             "    return labels if labels.count(IGNORE_INDEX) < len(labels) else list(input_ids)\n",
             labels_of_a_truncated_conversation, rule="no target at all"),
+    mistake("end_marker_newline_not_trained", "a span stops after <|im_end|>, before the newline that ends the "
+            "end marker", "_spans", "(i + len(end) for i in range(", "(i + len(end) - 1 for i in range(",
+            labels_cover_every_assistant_turn, rule="the newline after <|im_end|> is a target"),
+    mistake("pad_id_ends_the_span", "the search for the end marker also stops at id 0 (taken for padding): an "
+            "answer holding <|endoftext|> is cut there", "_spans", "if input_ids[i:i + len(end)] == end)",
+            "if input_ids[i:i + len(end)] == end or input_ids[i] == 0)", labels_cover_every_assistant_turn,
+            rule="the pad id 0 included"),
+    mistake("pad_id_never_a_target", "\"padding is never a target\": an id 0 inside a span is labelled -100",
+            "assistant_labels", "        labels[first:stop] = input_ids[first:stop]",
+            "        labels[first:stop] = [i if i != 0 else IGNORE_INDEX for i in input_ids[first:stop]]",
+            labels_cover_every_assistant_turn, rule="the pad id 0 included"),
     mistake("end_matched_by_its_first_id", "a span ends at the end marker's first id, <|im_end|> alone",
             "_spans", "if input_ids[i:i + len(end)] == end)", "if input_ids[i] == end[0])",
             labels_match_whole_markers, rule="the whole end marker"),
@@ -103,15 +117,21 @@ MISTAKES = [
             "makes the update NaN", "sft_epoch", OPTIONS + FORCE + STEP,
             "            from course.protocol.text import naive_mean_step\n" + OPTIONS.replace("units[start]",
             "len(window)") + FORCE + STEP.replace("token_weighted_step", "naive_mean_step"),
-            sft_epoch_update_is_one_backward_of_its_assistant_tokens, rule="mean of micro-batch means"),
+            sft_epoch_update_is_one_backward_of_its_assistant_tokens,
+            rule="ONE token mean over all its assistant tokens"),
     mistake("sft_own_count", "each micro-batch normalised by its own assistant tokens, not the update's",
             "sft_epoch", OPTIONS, OPTIONS.replace("units[start]", "max(batch.loss_units, 1)"),
             sft_epoch_update_is_one_backward_of_its_assistant_tokens, rule="of the WHOLE update"),
     mistake("trains_an_update_without_targets", "an update without an assistant token is sent to the session "
             "(normalization_units 0: upstream's NaN loss)", "sft_epoch",
-            "        if units[start] == 0:   # nothing to learn; and N = 0 would divide by zero (upstream's loss is "
-            "NaN)\n            reports.append(None)\n            continue\n", "", sft_epoch_closes_each_update_once,
+            SKIP, "", sft_epoch_closes_each_update_once,
             rule="an update without any assistant token is not trained"),
+    mistake("update_without_targets_normalised_by_one", "an update without an assistant token is trained with "
+            "normalization_units max(N, 1): a zero gradient, but an optimizer step all the same", "sft_epoch",
+            SKIP + "        for position, batch in enumerate(window):\n" + OPTIONS,
+            "        for position, batch in enumerate(window):\n" + OPTIONS.replace("units[start]",
+                                                                                  "max(units[start], 1)"),
+            sft_epoch_closes_each_update_once, rule="an update without any assistant token is not trained"),
     mistake("tail_never_closed", "no force_update: the epoch's short last update never closes", "sft_epoch",
             "force_update=position == len(window) - 1)", "force_update=False)", sft_epoch_closes_each_update_once,
             rule="each closes on its last micro-batch"),
@@ -120,10 +140,14 @@ MISTAKES = [
             rule="one entry per update"),
     mistake("lr_not_passed", "lr never reaches the session: the optimizer keeps its own", "sft_epoch",
             "TrainingStepOptions(lr=lr, ", "TrainingStepOptions(", sft_epoch_passes_lr_and_clipping,
-            rule="carries lr and clip_grad_norm"),
+            rule="each update steps at the lr sft_epoch got"),
     mistake("clipping_not_passed", "clip_grad_norm never reaches the session: no update is clipped", "sft_epoch",
             "clip_grad_norm=clip_grad_norm, ", "", sft_epoch_passes_lr_and_clipping,
-            rule="carries lr and clip_grad_norm"),
+            rule="clips with the clip_grad_norm of the micro-step that closes the update"),
+    mistake("clipping_only_on_the_first_micro_step", "clip_grad_norm passed on an update's first micro-step only: "
+            "the session clips with the closing micro-step's, 0.0", "sft_epoch", "clip_grad_norm=clip_grad_norm, ",
+            "clip_grad_norm=clip_grad_norm if position == 0 else 0.0, ", sft_epoch_passes_lr_and_clipping,
+            rule="clips with the clip_grad_norm of the micro-step that closes the update"),
     # test_assistant_labels_match_upstream (§5.4): the reference test, weakened
     mistake("test_one_turn_only", "the test's conversations keep one assistant turn each",
             "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length)\n",
@@ -153,6 +177,18 @@ MISTAKES = [
             "        assert labels == sample.labels,", "        assert True or labels == sample.labels,",
             mask_test_passes_correct_and_fails_wrong, rule="passes every implementation"),
     # hardening (§5.5)
+    mistake("test_without_id_0_in_an_answer", "no answer of the test holds id 0 (the text <|endoftext|>)",
+            "test_assistant_labels_match_upstream", "    for messages, max_length in MASK_TEST_CASES:",
+            "    for messages, max_length in MASK_TEST_CASES[:3]:", mask_test_fails_a_mask_that_drops_id_0),
+    mistake("lr_only_on_the_first_micro_step", "lr passed on an update's first micro-step only (the same effect "
+            "on lesson 16's session, which keeps it; the convention is every micro-step)", "sft_epoch",
+            "TrainingStepOptions(lr=lr, ", "TrainingStepOptions(lr=lr if position == 0 else None, ",
+            sft_epoch_options_carry_lr_and_clipping_every_micro_step),
+    mistake("clipping_only_on_the_closing_micro_step", "clip_grad_norm passed on an update's closing micro-step only "
+            "(the same effect on lesson 16's session, which clips with it; the convention is every micro-step)",
+            "sft_epoch", "clip_grad_norm=clip_grad_norm, ",
+            "clip_grad_norm=clip_grad_norm if position == len(window) - 1 else 0.0, ",
+            sft_epoch_options_carry_lr_and_clipping_every_micro_step),
     mistake("units_are_tensors", "each count a 0-dim tensor, not a Python int", "update_normalization_units",
             "int((labels[..., 1:] != IGNORE_INDEX).sum())", "(labels[..., 1:] != IGNORE_INDEX).sum()",
             units_are_python_ints),

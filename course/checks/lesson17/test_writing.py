@@ -108,6 +108,11 @@ def shifted(input_ids, assistant_start, end):
             for i, label in enumerate(labels)]
 
 
+def pad_id_never_a_target(input_ids, assistant_start, end):
+    """"Padding is never a target": an id 0 inside a span labelled -100 (right wherever no answer holds id 0)."""
+    return [IGNORE_INDEX if label == 0 else label for label in upstream_labels(input_ids, assistant_start, end)]
+
+
 def raises(input_ids, assistant_start, end):
     upstream_labels(input_ids, assistant_start, end)
     raise RuntimeError("labels: an implementation that crashes")
@@ -161,6 +166,23 @@ def mask_test_passes_correct_and_fails_wrong(impl):
                     "run your test on course/minimind/sft.py::sft_labels by hand",
                     lambda wrong: PASSES_EVERYTHING if passes(impl.test_assistant_labels_match_upstream, list)
                     else wrong.hint)
+
+
+PAD_ID_MASKS = (
+    WrongImplementation("pad_id_never_a_target", "labels an id 0 inside a span -100 (\"padding is never a target\")",
+                        "give your test an answer that holds id 0, the pad id: the text <|endoftext|> is that one "
+                        "token, and upstream trains on it like any id of the span (lesson 17 §1.2)",
+                        pad_id_never_a_target),
+)
+
+
+@check("test_assistant_labels_match_upstream")
+def mask_test_fails_a_mask_that_drops_id_0(impl):
+    """Hardening (lesson 17 §5.5): your test also raises AssertionError on a mask that never labels id 0 (the pad
+    id), which differs from upstream's only where an answer holds id 0 (the text <|endoftext|>)."""
+    expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream, (),
+                    PAD_ID_MASKS, "", "the implementation's contract is lesson 17 §5.1's",
+                    lambda wrong: wrong.hint)
 
 
 PASSES_EVERYTHING = ("your test passes every implementation, even one that returns input_ids unchanged: assert that "

@@ -91,14 +91,15 @@ def units_reject_a_bad_accumulation_steps(impl):
 class RecordingSession:
     """Lesson 16's reference ``TrainingSession`` (tiny model, SGD at lr 0.1), recording what ``sft_epoch`` does:
     every micro-step's micro-batch and options, and for each update that closes its micro-batches, the weights
-    before it and the gradients at its close (a ``before_update`` hook, then the caller's own)."""
+    before it and the gradients at its close (a ``before_update`` hook, then the caller's own), and what the
+    session applies at that close: the optimizer's lr and the closing micro-step's clip_grad_norm."""
 
     def __init__(self, accumulation_steps: int):
         model = session_model()
         self.session = lesson16.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                                 accumulation_steps=accumulation_steps)
         self.model, self.optimizer = self.session.model, self.session.optimizer
-        self.calls, self.updates, self._pending = [], [], []
+        self.calls, self.updates, self.applied, self._pending = [], [], [], []
 
     def __getattr__(self, name):
         return getattr(self.session, name)
@@ -112,6 +113,7 @@ class RecordingSession:
 
         def capture():
             self.updates.append((self._before, list(self._pending), grads_of(self.model)))
+            self.applied.append((self.optimizer.param_groups[0]["lr"], options.clip_grad_norm))
             self._pending = []
             return bool(callers()) if callers is not None else False
         report = self.session.train_step(batch, replace(options, before_update=capture), step_fn)
@@ -166,16 +168,20 @@ def sft_epoch_update_is_one_backward_of_its_assistant_tokens(impl):
                                  rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
+TOKEN_MEAN = ("an update's gradient is ONE token mean over all its assistant tokens: the sum of its per-token "
+              "losses / the update's total targets (normalization_units), whatever each micro-batch holds")
+
+
 def gradient_hint(grads: dict, naive: dict) -> str:
-    """The rule a wrong update gradient points at: NaN from a micro-batch without targets, the mean of micro-batch
-    means, or another weighting."""
+    """The rule a wrong update gradient points at, with what the numbers show: NaN from a micro-batch without
+    targets, the mean of micro-batch means, or another weighting."""
     if any(grad.isnan().any() for grad in grads.values()):
-        return ("the gradient holds NaN: a micro-batch without an assistant token has no mean (0 / 0), so the mean "
-                "of micro-batch means (loss / K, naive_mean_step) breaks on it; weigh each micro-batch by its tokens "
-                "(token_weighted_step), and it adds 0")
+        return (f"{TOKEN_MEAN}. The gradient holds NaN: a micro-batch without an assistant token has no mean "
+                "(0 / 0), which the mean of micro-batch means (loss / K, naive_mean_step) takes; weighted by its "
+                "tokens (token_weighted_step) it adds 0")
     if all(torch.allclose(grads[n], naive[n], rtol=GRAD_RTOL, atol=GRAD_ATOL) for n in grads):
-        return ("the gradient is the mean of micro-batch means (loss / K): weight each micro-batch by its assistant "
-                "tokens, gradient_units / normalization_units (token_weighted_step)")
+        return (f"{TOKEN_MEAN}. This gradient is the mean of micro-batch means (loss / K) instead: weight each "
+                "micro-batch by its assistant tokens, gradient_units / normalization_units (token_weighted_step)")
     return ("each micro-step backpropagates its loss * gradient_units / normalization_units, normalization_units the "
             "assistant tokens of the WHOLE update (token_weighted_step)")
 
@@ -198,12 +204,12 @@ def sft_epoch_closes_each_update_once(impl):
     groups = windows(batches, 3)
     closed = [numbered(batches, update) for _, update, _ in session.updates]
     trained = [numbered(batches, group) for group in groups if sum(b.loss_units for b in group)]
-    with rule("every K consecutive micro-batches are one update, the last one possibly shorter; each closes on its "
-              "last micro-batch (force_update)"):
-        expect_equal("the micro-batches of each update that closed, numbered from 1", closed, trained)
     with rule("an update without any assistant token is not trained: none of its micro-batches goes to the session"):
         expect_equal("micro-batches sent to train_step, numbered from 1",
                      numbered(batches, [b for b, _, _ in session.calls]), [i for update in trained for i in update])
+    with rule("every K consecutive micro-batches are one update, the last one possibly shorter; each closes on its "
+              "last micro-batch (force_update)"):
+        expect_equal("the micro-batches of each update that closed, numbered from 1", closed, trained)
     reports = [r if r is None else (r.parameters_updated, r.microsteps_accumulated, r.optimizer_step)
                for r in result] if isinstance(result, list) else result
     with rule("one entry per update: the report of the micro-step that closed it, None for an update not trained"):
@@ -212,17 +218,44 @@ def sft_epoch_closes_each_update_once(impl):
     expect_equal("session.optimizer_step after the epoch", session.optimizer_step, 3)
 
 
+LR_RULE = ("each update steps at the lr sft_epoch got (None: the optimizer's own): lesson 16's session writes an "
+           "lr that is not None into every param group at the micro-step that carries it, and it stays there")
+CLIP_RULE = ("each update is clipped at the clip_grad_norm sft_epoch got (0.0: not clipped): lesson 16's session "
+             "clips with the clip_grad_norm of the micro-step that closes the update")
+
+
 @check("sft_epoch", objective="sft_updates")
 def sft_epoch_passes_lr_and_clipping(impl):
-    """lr and clip_grad_norm reach every micro-step's options (the session writes the lr into every param group
-    and clips each update); their defaults, None and 0.0, keep the optimizer's lr and do not clip."""
+    """Each update the session closes steps at sft_epoch's lr and is clipped at its clip_grad_norm: the lr in the
+    optimizer's param groups and the closing micro-step's clip_grad_norm, which is what lesson 16's session
+    applies there. Their defaults, None and 0.0, keep the optimizer's lr (0.1) and do not clip."""
+    for options, (lr, clip) in (({"lr": 0.05, "clip_grad_norm": 0.5}, (0.05, 0.5)), ({}, (0.1, 0.0))):
+        session, _, _ = run_epoch(impl, **options)
+        count = len(session.applied)
+        with rule(LR_RULE):
+            expect_equal(f"sft_epoch(..., {options}): the optimizer's lr at each update's step",
+                         [lr for lr, _ in session.applied], [lr] * count)
+        with rule(CLIP_RULE):
+            expect_equal(f"sft_epoch(..., {options}): clip_grad_norm of the micro-step that closed each update",
+                         [clip for _, clip in session.applied], [clip] * count)
+        with rule(LR_RULE):
+            expect_equal(f"sft_epoch(..., {options}): the optimizer's lr afterwards",
+                         session.optimizer.param_groups[0]["lr"], lr)
+
+
+@check("sft_epoch")
+def sft_epoch_options_carry_lr_and_clipping_every_micro_step(impl):
+    """The convention (lesson 17 §5.5): every micro-step's TrainingStepOptions carries lr and clip_grad_norm as
+    sft_epoch got them, not only the micro-steps where lesson 16's session reads them: another session (or a
+    later change of this one) may read them at any micro-step."""
     for options, expected in (({"lr": 0.05, "clip_grad_norm": 0.5}, (0.05, 0.5)), ({}, (None, 0.0))):
-        session, _, result = run_epoch(impl, **options)
-        seen = sorted({(o.lr, o.clip_grad_norm) for _, o, _ in session.calls})
+        session, _, _ = run_epoch(impl, **options)
+        seen = [(o.lr, o.clip_grad_norm) for _, o, _ in session.calls]
+        wrong = [i for i, pair in enumerate(seen) if pair != expected]
         with rule("every micro-step's TrainingStepOptions carries lr and clip_grad_norm as sft_epoch got them"):
-            expect_equal(f"sft_epoch(..., {options}): (lr, clip_grad_norm) of the micro-steps", seen, [expected])
-        expect_equal(f"sft_epoch(..., {options}): the optimizer's lr afterwards",
-                     session.optimizer.param_groups[0]["lr"], expected[0] if expected[0] is not None else 0.1)
+            expect_equal(f"sft_epoch(..., {options}): (lr, clip_grad_norm) of every micro-step"
+                         + (f" (micro-step {wrong[0] + 1} of {len(seen)} differs)" if wrong else ""),
+                         seen[wrong[0]] if wrong else expected, expected)
 
 
 @check("sft_epoch", objective="sft_updates", hidden=True)
