@@ -59,9 +59,11 @@ def sft_epoch(session, micro_batches: list, accumulation_steps: int, *, lr: floa
 
     ``micro_batches``: ``TextBatch``es (``course/protocol/text.py``) in training order; every
     ``accumulation_steps`` consecutive ones form one update, the last one possibly shorter. Each update's
-    gradient must equal ONE backward of the token mean over all of its assistant tokens; ``lr`` and
-    ``clip_grad_norm`` go to every micro-step (``TrainingStepOptions``). An update without any assistant token
-    is not trained. Returns one entry per update: the ``TrainingStepReport`` that closed it, or None.
+    gradient must equal ONE backward of the token mean over all of its assistant tokens; each update steps at
+    ``lr`` (None: the optimizer's own) and is clipped at ``clip_grad_norm``, both through ``TrainingStepOptions``
+    (the session clips with the closing micro-step's; simplest: pass both on every micro-step). An update without
+    any assistant token is not trained. Returns one entry per update: the ``TrainingStepReport`` that closed it,
+    or None.
     Example, K = 2 and 5 micro-batches: 3 updates of 2, 2 and 1 micro-steps -> [report, report, report].
     """
     raise NotImplementedError("sft_epoch: TODO - see lesson 17 §5.3")

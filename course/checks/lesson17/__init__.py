@@ -37,8 +37,8 @@ LESSON = Lesson(
         "normalization_units": "each micro-batch's normalization units are the shifted assistant targets of its "
                                "whole update: its window of K micro-batches, the epoch's short tail its own",
         "sft_updates": "each update's gradient equals one backward of the token mean over all its assistant tokens, "
-                       "with one optimizer step per update (the tail too), lr and clipping in every micro-step; an "
-                       "update without an assistant token is not trained",
+                       "with one optimizer step per update (the tail too), stepped at the given lr and clipped at the "
+                       "given clip_grad_norm; an update without an assistant token is not trained",
         "test_writing": "your test proves a mask equals upstream's, on conversations that expose each wrong mask",
     },
     checks=checks_in(checks, weights, updates, test_writing, extensions),

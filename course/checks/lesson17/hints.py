@@ -11,7 +11,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "upstream's generate_labels. Lesson 17 §1.2 lists what it trains on, §3 walks through it.",
         "Scan the ids; where the whole assistant_start list occurs, a span opens at the id after it and runs through "
         "the first whole end list after it (those ids included), or to the sample's end when none follows; the "
-        "search resumes after the span. Labels copy the ids inside spans (unshifted), -100 elsewhere.",
+        "search resumes after the span. Labels copy every id inside spans (unshifted; an id 0 there too: padding is "
+        "never inside a span), -100 elsewhere.",
         "labels = [IGNORE_INDEX] * len(input_ids); position = 0; while position < len(input_ids): if "
         "input_ids[position:position + len(assistant_start)] != assistant_start: position += 1; continue; first = "
         "position + len(assistant_start); stop = the first i >= first with input_ids[i:i + len(end)] == end, plus "
@@ -54,7 +55,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "units = update_normalization_units(labels, K); per window of K micro-batches: if its units are 0, append "
         "None and train nothing; else train_step(batch, TrainingStepOptions(lr=lr, clip_grad_norm=clip_grad_norm, "
         "normalization_units=its units, force_update=(last of the window)), token_weighted_step) for each, and "
-        "append the last report.",
+        "append the last report. (Lesson 16's session keeps an lr once given and clips with the closing "
+        "micro-step's clip_grad_norm: passing both on every micro-step is the simple way to get each update right.)",
         "units = update_normalization_units([b.labels for b in micro_batches], accumulation_steps); reports = []; "
         "for start in range(0, len(micro_batches), accumulation_steps): window = micro_batches[start:start + "
         "accumulation_steps]; if units[start] == 0: reports.append(None); continue; for position, batch in "
