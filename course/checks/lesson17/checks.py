@@ -23,7 +23,8 @@ def chat(*turns: str) -> list[dict]:
 
 THREE_TURNS = chat("Is seven prime?", "Yes.", "And nine?", "No, nine is three times three.", "And eleven?", "Yes.")
 # An answer holding the text <|endoftext|>: the tokenizers turn it into id 0, the pad id, inside the span.
-END_OF_TEXT = chat("What ends a document?", "The token <|endoftext|> does.", "And a turn?", "<|im_end|>.")
+END_OF_TEXT = chat("What ends a document?", "The token <|endoftext|> does.", "Is it ever a target?",
+                   "Here: <|endoftext|>")
 TWO_SPACES = chat("Show a Python line that prints one.", "  print(1)")
 
 
@@ -116,7 +117,7 @@ def labels_cover_every_assistant_turn(impl):
         "three turns, empty think blocks removed": sft_sample(THREE_TURNS, 96, empty_think_removed=True),
         "an answer starting with two spaces, empty think block removed":
             sft_sample(TWO_SPACES, 48, empty_think_removed=True),
-        "answers holding the text <|endoftext|> (id 0) and <|im_end|>, padded": sft_sample(END_OF_TEXT, 96),
+        "two answers holding the text <|endoftext|> (id 0), padded": sft_sample(END_OF_TEXT, 96),
         "two turns, byte-level tokenizer": sft_sample(THREE_TURNS[:4], 160, ByteTokenizer()),
         "an answer holding <|endoftext|> (id 0), byte-level tokenizer": sft_sample(END_OF_TEXT[:2], 160,
                                                                                     ByteTokenizer()),
