@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from course.checks import LESSONS
-from course.checks.assignments import grade_cells
+from course.checks.assignments import scored_cells
 from course.checks.notebook import run_checks
 from course.cli import main
 from course.implementations import REPO_ROOT, load_module
@@ -68,10 +68,7 @@ def test_a_correct_solution_gets_every_point_through_the_notebook_route(case):
     lesson, path = case
     namespace = vars(load_module(path / lesson.module_file, f"corpus_{lesson.lesson_id}_{path.name}"))
     lost = {}
-    for _, grade_id, source, points in grade_cells(lesson):
-        if not points:
-            continue
-        names = [c.name for c in lesson.checks if f'"{c.name}"' in source]
+    for grade_id, _, names in scored_cells(lesson):
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             try:

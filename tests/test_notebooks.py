@@ -14,7 +14,6 @@ of the README.
 """
 from __future__ import annotations
 
-import ast
 import csv
 import getpass
 import shutil
@@ -28,8 +27,8 @@ import warm_kernel
 import warm_python
 from doc_runs import run_documented
 
-from course.checks.assignments import (NOTEBOOKS_DIR, build_source, nbgrader_invocation, notebook_lessons,
-                                       release_path, source_path)
+from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_called, nbgrader_invocation,
+                                       notebook_lessons, release_path, source_path)
 from course.checks.framework import expect_equal
 from course.checks.hints import notebook_cell
 
@@ -70,12 +69,6 @@ def grade_cells(nb) -> dict[str, int]:
     """grade_id -> points of every grade cell."""
     return {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
             for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
-
-
-def checks_called(cell_source: str) -> list[str]:
-    """Check names passed to run_checks(globals(), lesson, *names) in a grade cell."""
-    return [arg.value for node in ast.walk(ast.parse(cell_source)) if isinstance(node, ast.Call)
-            and getattr(node.func, "id", "") == "run_checks" for arg in node.args[2:]]
 
 
 # The committed releases as this checkout holds them, read before any test runs: the README's
