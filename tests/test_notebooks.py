@@ -31,6 +31,7 @@ from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_calle
                                        notebook_lessons, release_path, source_path)
 from course.checks.framework import expect_equal
 from course.checks.hints import notebook_cell
+from course.classroom.simulate import answered
 
 pytestmark = pytest.mark.notebooks
 
@@ -189,22 +190,6 @@ def test_release_holds_no_solution_and_no_hidden_test(lesson, course_dir):
 
 # --- the grading round -------------------------------------------------------------------------
 
-def submission(release, solved, extra_cells=()):
-    """The release with every solution cell answered as in ``solved`` and ``extra_cells`` added
-    after the setup cell (students may add cells)."""
-    import nbformat
-    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solved.cells
-               if c.metadata.get("nbgrader", {}).get("solution")}
-    nb = nbformat.from_dict(release)
-    for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if cell.metadata.get("nbgrader", {}).get("solution"):
-            cell.source = answers[grade_id]
-    setup = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
-    nb.cells[setup + 1:setup + 1] = [nbformat.v4.new_code_cell(src) for src in extra_cells]
-    return nb
-
-
 def unsolved_extensions(nb, release, lesson):
     """``nb`` with every optional exercise's cell put back as released."""
     optional = {e.name for e in lesson.optional_exercises}
@@ -260,8 +245,8 @@ def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, st
     failing = grade_cell_running(solved, typical_mistake.caught_by)
     accepted_no_op = grade_cell_running(solved, no_op_test.caught_by) if no_op_test is not None else None
     assert failing != accepted_no_op, "the mistake and the no-op test must lose points in different cells"
-    students = {"reference": submission(release, solved), "untouched": release,
-                FLAWED: unsolved_extensions(submission(release, flawed, broken_cells), release, lesson)}
+    students = {"reference": answered(release, solved), "untouched": release,
+                FLAWED: unsolved_extensions(answered(release, flawed, broken_cells), release, lesson)}
     expected = {"reference": points, "untouched": {cell: 0 for cell in points},
                 FLAWED: {cell: 0 if cell in (failing, accepted_no_op) else p for cell, p in points.items()}}
     return students, expected, failing

@@ -32,7 +32,7 @@ from course.input_errors import InputError
 
 from .confinement import Outcome
 from .pool import FILES, NOTEBOOK, Settings, grade_shard
-from .inside import runs
+from .inside import TIMEOUT_KEY, runs
 
 RESULTS = "submissions"        # OUT/submissions/<student>.json
 GRADES_CSV = "grades.csv"
@@ -211,15 +211,14 @@ def run_class(run: ClassRun, say: Callable[[str], None] = print) -> dict:
         if not course.has_source(lesson.name, lesson.name):
             raise InputError(f"SUBMISSIONS_DIR: the gradebook of {course.course_dir} does not know {lesson.name}: run "
                              f"python -m course release {lesson.lesson_id} --course-dir {course.course_dir}")
-        if settings.cell_timeout <= 0:
-            settings = dataclasses.replace(settings, cell_timeout=course.cell_timeout)
     out_dir = Path(run.out_dir) if run.out_dir else default_out_dir(lesson, folder)
     if out_dir.resolve().is_relative_to(folder.resolve()):
         raise InputError(f"--out {str(out_dir)!r} is inside SUBMISSIONS_DIR: a submission could be mistaken for it")
     submissions = find_submissions(lesson, folder, route)
     source = lesson.files()["notebook source"] if course is None else \
         course.course_dir / course.coursedir.source_directory / lesson.name / f"{lesson.name}.ipynb"
-    grader = grader_digest(lesson, source.read_bytes() if route == NOTEBOOK and source.is_file() else b"")
+    grader = grader_digest(lesson, source.read_bytes() + (course.course_dir / "nbgrader_config.py").read_bytes()
+                           if route == NOTEBOOK and source.is_file() else b"")
     keys = {s.student: result_key(s, grader, settings) for s in submissions}
     results = {s.student: cached_result(out_dir, s.student, keys[s.student]) for s in submissions}
     pending = [s for s in submissions if results[s.student] is None]
@@ -252,9 +251,12 @@ def _grade(lesson: Lesson, route: str, course, pending: list[Submission], run: C
             import nbformat
             notebook = course.sanitized(lesson.name, submission.student, submission.path)
             sanitized[submission.student] = notebook
+            graded_copy = nbformat.from_dict(notebook)
+            for cell in graded_copy.cells:   # --cell-timeout, else the course's limit of each cell
+                cell.metadata[TIMEOUT_KEY] = settings.cell_timeout or course.cell_timeout_of(cell)
             path = spool / submission.student / submission.path.name
             path.parent.mkdir(parents=True, exist_ok=True)
-            nbformat.write(notebook, path)
+            nbformat.write(graded_copy, path)
             inputs.append((submission.student, path))
         else:
             inputs.append((submission.student, submission.path))

@@ -12,7 +12,9 @@ those as they read autograde's.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
+from typing import Optional
 
 from course.input_errors import InputError
 
@@ -64,15 +66,23 @@ class NbgraderCourse:
         config = PyFileConfigLoader(CONFIG_FILE, path=str(self.course_dir)).load_config()
         config.CourseDirectory.root = str(self.course_dir)
         replay = replay_execution_class()
+        steps = {name: config.Autograde.get(name, Autograde.class_traits()[name].default())
+                 for name in ("sanitize_preprocessors", "autograde_preprocessors")}   # the course's, else autograde's
         config.Autograde.autograde_preprocessors = [replay if p is Execute else p
-                                                    for p in Autograde.autograde_preprocessors.default_value]
+                                                    for p in steps["autograde_preprocessors"]]
         self.config = config
         self.coursedir = CourseDirectory(config=config)
         self.api = NbGraderAPI(coursedir=self.coursedir, config=config)
         self.api.log.setLevel(logging.ERROR)   # autograde's INFO lines, one per copied file, are no progress
-        self.sanitizers = [pp(config=config) for pp in Autograde.sanitize_preprocessors.default_value]
-        self.cell_timeout = float(config.Execute.timeout if "timeout" in config.Execute
-                                  else Execute.timeout.default_value)
+        self.sanitizers = [pp(config=config) for pp in steps["sanitize_preprocessors"]]
+        self.cell_timeout = float(config.Execute.get("timeout", Execute.class_traits()["timeout"].default()))
+        self.timeout_func = config.Execute.get("timeout_func")
+
+    def cell_timeout_of(self, cell) -> Optional[float]:
+        """A cell's limit as autograde's kernel client sets it (nbclient: ``timeout_func``, else ``timeout``;
+        None: no limit)."""
+        timeout = self.timeout_func(cell) if self.timeout_func is not None else self.cell_timeout
+        return timeout if timeout and timeout > 0 else None
 
     @property
     def submitted(self) -> Path:
@@ -105,9 +115,14 @@ class NbgraderCourse:
         """Autograde the submission with the recorded ``outputs`` of the cells of ``sources`` (its sanitized
         notebook); returns {grade cell: score} as the gradebook now holds them."""
         from nbgrader.api import Gradebook
+        from sqlalchemy.exc import SAWarning
         _EXECUTED[(student, notebook)] = (sources, outputs)
         try:
-            result = self.api.autograde(assignment, student, force=True, create=True)
+            with warnings.catch_warnings():
+                # nbgrader's gradebook adds a new submission in a way SQLAlchemy 2 warns about (autograde prints the
+                # same warnings); the rows are written all the same
+                warnings.simplefilter("ignore", SAWarning)
+                result = self.api.autograde(assignment, student, force=True, create=True)
         finally:
             _EXECUTED.pop((student, notebook), None)
         if not result["success"]:

@@ -21,6 +21,7 @@ from course.checks.framework import CORE, Lesson
 from course.checks.results import grade_exercises
 
 SHOW_ONLY_PREFIXES = ("plot_", "check_")
+TIMEOUT_KEY = "grade_class_timeout"   # a cell's limit in seconds, in the metadata of the copy a grader runs
 MAX_MESSAGE = 2000   # characters of a check's message kept in an answer
 
 
@@ -44,18 +45,19 @@ def runs(cell: dict) -> bool:
     return cell["cell_type"] == "code" and not show_only
 
 
-class CellTimeoutError(Exception):
-    """A cell ran past its limit (the name nbgrader gives the same error)."""
+class CellTimeoutError(BaseException):
+    """A cell ran past its limit (the name nbgrader gives the same error). A BaseException, as the
+    KeyboardInterrupt nbgrader interrupts a kernel with: a check's ``except Exception`` does not swallow it."""
 
 
-def execute_notebook(notebook: dict, cell_timeout: float) -> dict:
+def execute_notebook(notebook: dict) -> dict:
     """Run the code cells of ``notebook`` (nbformat 4 as a dict) in order: {"cells": [[outputs] or None (not
-    run) per cell], "seconds": [...]}."""
+    run) per cell], "seconds": [...]}. A cell's limit is its metadata's ``TIMEOUT_KEY`` (none where absent)."""
     shell = _shell()
     outputs_of, seconds_of = [], []
 
     def stop(_signum, _frame):
-        raise CellTimeoutError(f"the cell ran past its {cell_timeout:g} s")
+        raise CellTimeoutError("the cell ran past its time limit")
 
     signal.signal(signal.SIGALRM, stop)
     for count, cell in enumerate(notebook["cells"], 1):
@@ -67,7 +69,7 @@ def execute_notebook(notebook: dict, cell_timeout: float) -> dict:
         start = time.perf_counter()
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Stream(outputs, "stdout"), _Stream(outputs, "stderr")
-        signal.setitimer(signal.ITIMER_REAL, cell_timeout)
+        signal.setitimer(signal.ITIMER_REAL, cell.get("metadata", {}).get(TIMEOUT_KEY) or 0)
         try:
             shell.execution_count = count
             shell.run_cell("".join(cell["source"]), store_history=False)
@@ -134,6 +136,7 @@ def _shell():
         def _showtraceback(self, etype, evalue, stb):
             self.outputs.append(_error(etype, evalue, stb))
 
+    InteractiveShell.clear_instance()   # the pool's warm-up ran the released notebook in a shell of its own
     shell = Shell.instance(config=Config({"HistoryManager": {"enabled": False}}), colors="nocolor")
     shell.outputs = []
     return shell

@@ -37,19 +37,19 @@ _PR_SET_PDEATHSIG = 1
 class Settings:
     """How every submission of a run is graded; part of each result's cache key."""
     limits: Limits
-    cell_timeout: float   # the notebook route's limit per cell (nbgrader's Execute.timeout)
+    cell_timeout: float   # the notebook route's limit per cell; 0: the course's (nbgrader's Execute.timeout[_func])
     jobs: int = 1         # submissions graded at once by one pool
 
 
-def _work(lesson, route: str, work: Path, cell_timeout: float) -> dict:
+def _work(lesson, route: str, work: Path) -> dict:
     """The grader's work: the files in ``work``, or the one notebook there."""
     if route == FILES:
         return grade_files(lesson, work)
     [notebook] = work.glob("*.ipynb")
-    return execute_notebook(json.loads(notebook.read_text(encoding="utf-8")), cell_timeout)
+    return execute_notebook(json.loads(notebook.read_text(encoding="utf-8")))
 
 
-def _warm_up(lesson, route: str, cell_timeout: float) -> None:
+def _warm_up(lesson, route: str) -> None:
     """Import and compute, once, what every grader needs: the reference's checks (the oracle's runs) and, for
     notebooks, the released notebook's cells (IPython, the setup cell's imports)."""
     import torch
@@ -57,8 +57,7 @@ def _warm_up(lesson, route: str, cell_timeout: float) -> None:
     grade_files(lesson, REFERENCE_DIR)
     if route == NOTEBOOK:
         with contextlib.redirect_stdout(sys.stderr):
-            execute_notebook(json.loads(lesson.files()["notebook release"].read_text(encoding="utf-8")),
-                             cell_timeout)
+            execute_notebook(json.loads(lesson.files()["notebook release"].read_text(encoding="utf-8")))
 
 
 def serve(lesson_id: str, route: str, jobs_file: Path, settings: Settings) -> None:
@@ -71,7 +70,7 @@ def serve(lesson_id: str, route: str, jobs_file: Path, settings: Settings) -> No
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)   # the grade-class run gone: so is its pool
     lesson = get_lesson(lesson_id)
     start = time.monotonic()
-    _warm_up(lesson, route, settings.cell_timeout)
+    _warm_up(lesson, route)
     protocol.write(json.dumps({READY: round(time.monotonic() - start, 2)}) + "\n")
     protocol.flush()
     pending = json.loads(jobs_file.read_text(encoding="utf-8"))
@@ -88,7 +87,7 @@ def serve(lesson_id: str, route: str, jobs_file: Path, settings: Settings) -> No
             else:
                 work.mkdir(parents=True)
                 shutil.copy(source, work / source.name)
-            task = functools.partial(_work, lesson, route, work, settings.cell_timeout)
+            task = functools.partial(_work, lesson, route, work)
             running[start_confined(task, work, private, settings.limits)] = job["id"]
         pid, _ = os.wait()   # each keeper ends by its own time limit
         if pid in running:
@@ -109,7 +108,7 @@ def grade_shard(lesson_id: str, route: str, inputs: Sequence[tuple[str, Path]], 
         limits = settings.limits
         command = [sys.executable, "-m", "course.classroom.pool", lesson_id, route, str(jobs_file),
                    "--jobs", str(settings.jobs), "--timeout", str(limits.seconds), "--memory-mb",
-                   str(limits.memory_mb), "--cell-timeout", str(settings.cell_timeout)]
+                   str(limits.memory_mb)]
         command += [] if limits.confined else ["--unconfined"]
         env = dict(os.environ, OMP_NUM_THREADS="1",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
@@ -132,10 +131,6 @@ def grade_shard(lesson_id: str, route: str, inputs: Sequence[tuple[str, Path]], 
             pool.stdout.close()
 
 
-def outcome_to_dict(result: Outcome) -> dict:
-    return dataclasses.asdict(result)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m course.classroom.pool", description=__doc__)
     parser.add_argument("lesson")
@@ -144,11 +139,10 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("--memory-mb", type=int, required=True)
-    parser.add_argument("--cell-timeout", type=float, required=True)
     parser.add_argument("--unconfined", action="store_true")
     args = parser.parse_args(argv)
     limits = Limits(args.timeout, args.memory_mb, confined=not args.unconfined)
-    serve(args.lesson, args.route, args.jobs_file, Settings(limits, args.cell_timeout, args.jobs))
+    serve(args.lesson, args.route, args.jobs_file, Settings(limits, 0.0, args.jobs))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ lesson, through either route.
 
 * correct: the reference, and its catalogued equivalent forms (``EQUIVALENTS``: each must pass every check);
 * wrong: the catalogued mistakes (``MISTAKES``), one after another;
-* hanging: the reference with an endless loop at the top of the lesson's first exercise.
+* hanging: the reference with an endless loop: at the end of the module (the file route: it never imports), or in
+  a cell the student added after the setup cell (the notebook route: that cell runs into its time limit, and
+  nbgrader grades the rest).
 
 The file route writes ``FOLDER/<student>/<module>.py``. The notebook route makes ``FOLDER`` an nbgrader course
 directory (the course's ``nbgrader_config.py``, the lesson released into it, so that its gradebook knows the
@@ -12,7 +14,6 @@ notebook with every solution cell answered by the variant's functions.
 """
 from __future__ import annotations
 
-import ast
 import shutil
 import tempfile
 from itertools import cycle
@@ -29,18 +30,7 @@ KINDS = ("correct", "wrong", "hanging")
 ENDLESS_LOOP = "while True:   # a student's endless loop\n    pass\n"
 
 
-def hanging_source(lesson: Lesson) -> str:
-    """The reference with an endless loop as the first statement of the lesson's first exercise."""
-    source = (REFERENCE_DIR / lesson.module_file).read_text(encoding="utf-8")
-    name = lesson.core_exercises[0].name
-    function = next(node for node in ast.parse(source).body
-                    if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name)
-    lines = source.splitlines(keepends=True)
-    first = function.body[0]
-    indent = " " * first.col_offset
-    at = first.end_lineno if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else first.lineno - 1
-    loop = "".join(indent + line for line in ENDLESS_LOOP.splitlines(keepends=True))
-    return "".join(lines[:at]) + loop + "".join(lines[at:])
+HANGING = "endless_loop"
 
 
 def variants(lesson: Lesson) -> dict[str, list[tuple[str, str]]]:
@@ -48,7 +38,7 @@ def variants(lesson: Lesson) -> dict[str, list[tuple[str, str]]]:
     reference = (REFERENCE_DIR / lesson.module_file).read_text(encoding="utf-8")
     return {"correct": [("reference", reference)] + [(m.name, m.source()) for m in lesson.equivalents],
             "wrong": [(m.name, m.source()) for m in lesson.mistakes],
-            "hanging": [("endless_loop", hanging_source(lesson))]}
+            "hanging": [(HANGING, reference)]}
 
 
 def roster(lesson: Lesson, students: int, shares: dict[str, float]) -> list[tuple[str, str, str, str]]:
@@ -64,8 +54,9 @@ def roster(lesson: Lesson, students: int, shares: dict[str, float]) -> list[tupl
     return [(f"s{index:03d}-{kind}", kind, label, source) for index, (kind, label, source) in enumerate(rows)]
 
 
-def answered(release, solved):
-    """``release`` (a notebook) with every solution cell answered as in ``solved``."""
+def answered(release, solved, extra_cells=()):
+    """``release`` (a notebook) with every solution cell answered as in ``solved``, and ``extra_cells`` (sources)
+    added after the setup cell, as a student may add cells."""
     import nbformat
     answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solved.cells
                if c.metadata.get("nbgrader", {}).get("solution")}
@@ -73,6 +64,8 @@ def answered(release, solved):
     for cell in nb.cells:
         if cell.metadata.get("nbgrader", {}).get("solution"):
             cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+    setup = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    nb.cells[setup + 1:setup + 1] = [nbformat.v4.new_code_cell(source) for source in extra_cells]
     return nb
 
 
@@ -82,9 +75,10 @@ def write_class(lesson: Lesson, folder: Path, route: str, students: int,
     folder = Path(folder)
     rows = roster(lesson, students, shares)
     if route == FILES:
-        for student, _, _, source in rows:
+        for student, _, label, source in rows:
             (folder / student).mkdir(parents=True)
-            (folder / student / lesson.module_file).write_text(source, encoding="utf-8")
+            hang = "\n" + ENDLESS_LOOP if label == HANGING else ""
+            (folder / student / lesson.module_file).write_text(source + hang, encoding="utf-8")
         return [row[:3] for row in rows]
     import nbformat
     folder.mkdir(parents=True, exist_ok=True)
@@ -97,12 +91,8 @@ def write_class(lesson: Lesson, folder: Path, route: str, students: int,
             if label not in notebooks:
                 solved = nbformat.read(build_source(lesson, Path(scratch) / label, reference_source=source),
                                        as_version=4)
-                notebooks[label] = answered(release, solved)
+                notebooks[label] = answered(release, solved, [ENDLESS_LOOP] if label == HANGING else [])
             path = folder / "submitted" / student / lesson.name / f"{lesson.name}.ipynb"
             path.parent.mkdir(parents=True)
             nbformat.write(notebooks[label], path)
     return [row[:3] for row in rows]
-
-
-def routes() -> tuple[str, str]:
-    return FILES, NOTEBOOK
