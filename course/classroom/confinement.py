@@ -182,6 +182,7 @@ def _grader(work: Callable[[], dict], scratch: Path, answer_fd: int, logs: tuple
         for target, log in zip((1, 2), logs):
             os.dup2(log, target)
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # the keeper gone: so is the grader
+        os.setsid()   # kill(0, ...) reaches its own process group, not the pool's
         os.chdir(scratch)
         for name in ("HOME", "TMPDIR", "MPLCONFIGDIR"):
             os.environ[name] = str(scratch)
