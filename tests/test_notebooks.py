@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import csv
 import getpass
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -32,6 +35,7 @@ from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_calle
 from course.checks.framework import expect_equal
 from course.checks.hints import notebook_cell
 from course.classroom.simulate import answered
+from course.implementations import REPO_ROOT
 
 pytestmark = pytest.mark.notebooks
 
@@ -336,6 +340,44 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, g
                   for c in broken.cells if c.cell_type == "code"}
         assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
             f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
+
+
+def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
+    """``python -m course grade-class`` on the round's lesson-14 submissions (the reference, the untouched release
+    and the flawed one with its hanging and raising cells), in a copy of the course whose gradebook forgot
+    autograde's results: the same score in every grade cell as ``nbgrader autograde`` gave; ``nbgrader
+    generate_feedback`` and ``nbgrader export`` then work on it unchanged."""
+    from nbgrader.api import Gradebook
+
+    lesson = next(lesson for lesson in ASSIGNMENT_NOTEBOOKS if lesson.lesson_id == BROKEN_CELLS_IN)
+    students = sorted(grading_round.expected[lesson.name])
+    course = shutil.copytree(grading_round.course_dir, tmp_path / "course",
+                             ignore=shutil.ignore_patterns("autograded", "feedback", "grades.csv"))
+
+    def scores(course_dir: Path) -> dict:
+        with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
+            return {student: {g.name: g.score for g in gradebook.find_submission_notebook(
+                lesson.name, lesson.name, student).grades} for student in students}
+
+    autograde = scores(grading_round.course_dir)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for student in students:
+            gradebook.remove_submission(lesson.name, student)
+    done = subprocess.run([sys.executable, "-m", "course", "grade-class", lesson.lesson_id, str(course / "submitted"),
+                           "--jobs", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0 and not done.stderr, f"grade-class exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    ours = scores(course)
+    assert ours == autograde, (f"scores per grade cell\n  ACTUAL (grade-class): {ours}\n  EXPECTED (autograde): "
+                               f"{autograde}\nlikely cause: a cell grade-class skips or times out differently")
+    nbgrader(course, "generate_feedback", lesson.name)
+    nbgrader(course, "export")
+    for student in students:
+        assert (course / "feedback" / student / lesson.name / f"{lesson.name}.html").is_file(), student
+    with open(course / "grades.csv", newline="", encoding="utf-8") as handle:
+        exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)
+                    if row["assignment"] == lesson.name and row["student_id"] in students}
+    assert exported == {s: sum(cells.values()) for s, cells in autograde.items()}, exported
 
 
 def test_validate_tells_a_student_the_solved_notebook_passes(grading_round, tmp_path):
