@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import zip_longest
 from pathlib import Path
 
 from course.checks import get_lesson
@@ -77,16 +78,8 @@ def main() -> None:
         everyone = [student for student, *_ in roster]
         print(f"{len(everyone)} lesson-14 notebooks: " + ", ".join(f"{sum(k == kind for _, k, _ in roster)} {kind}"
                                                                      for kind in SHARES), flush=True)
-        ours = {}
-        for jobs in args.jobs:
-            copy = course_copy(course, Path(scratch) / f"jobs{jobs}", everyone)
-            wall = timed([sys.executable, "-m", "course", "grade-class", "14", str(copy / "submitted"),
-                          "--jobs", str(jobs)], ROOT, env)
-            ours[jobs] = copy, wall / len(everyone)
-            print(f"grade-class --jobs {jobs}: {wall:.0f} s wall, {wall / len(everyone):.2f} s per submission",
-                  flush=True)
-        subset = [s for s, kind, _ in roster if kind == "hanging"][:1]
-        subset += [s for s, kind, _ in roster if kind != "hanging"][:max(0, args.autograde - len(subset))]
+        by_kind = [[s for s, k, _ in roster if k == kind] for kind in SHARES]   # the subset takes turns by kind
+        subset = [student for turn in zip_longest(*by_kind) for student in turn if student][:args.autograde]
         reference = course_copy(course, Path(scratch) / "autograde", subset)
         python_args, nb_env = nbgrader_invocation("autograde", LESSON.name)
         wall = timed([sys.executable, *python_args], reference, {**nb_env, "PYTHONPATH": str(ROOT)})
@@ -94,9 +87,13 @@ def main() -> None:
         print(f"nbgrader autograde of {len(subset)}: {wall:.0f} s wall, {per_nbgrader:.2f} s per submission",
               flush=True)
         theirs = scores(reference, subset)
-        for jobs, (copy, per_submission) in ours.items():
-            print(f"per submission: autograde {per_nbgrader:.2f} s, grade-class --jobs {jobs} {per_submission:.2f} s: "
-                  f"{per_nbgrader / per_submission:.1f} times faster", flush=True)
+        for jobs in args.jobs:
+            copy = course_copy(course, Path(scratch) / f"jobs{jobs}", everyone)
+            wall = timed([sys.executable, "-m", "course", "grade-class", "14", str(copy / "submitted"),
+                          "--jobs", str(jobs)], ROOT, env)
+            per_submission = wall / len(everyone)
+            print(f"grade-class --jobs {jobs}: {wall:.0f} s wall, {per_submission:.2f} s per submission, "
+                  f"{per_nbgrader / per_submission:.1f} times faster than autograde's", flush=True)
             mine = scores(copy, subset)
             differ = {s: (mine[s], theirs[s]) for s in subset if mine[s] != theirs[s]}
             print(f"--jobs {jobs}: {len(subset) - len(differ)} of {len(subset)} submissions with every grade cell's "

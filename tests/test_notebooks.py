@@ -366,7 +366,8 @@ def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
     done = subprocess.run([sys.executable, "-m", "course", "grade-class", lesson.lesson_id, str(course / "submitted"),
                            "--jobs", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert done.returncode == 0 and not done.stderr, f"grade-class exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0 and not done.stderr, (
+        f"grade-class exited {done.returncode}:\n{done.stdout}{done.stderr}")
     ours = scores(course)
     assert ours == autograde, (f"scores per grade cell\n  ACTUAL (grade-class): {ours}\n  EXPECTED (autograde): "
                                f"{autograde}\nlikely cause: a cell grade-class skips or times out differently")

@@ -72,6 +72,10 @@ class NbgraderCourse:
                                                     for p in steps["autograde_preprocessors"]]
         self.config = config
         self.coursedir = CourseDirectory(config=config)
+        database = self.coursedir.db_url.removeprefix("sqlite:///")
+        if database != self.coursedir.db_url and not Path(database).is_file():   # opening it would create it
+            raise InputError(f"SUBMISSIONS_DIR: the course {self.course_dir} has no gradebook ({database}): run "
+                             "python -m course release --course-dir with it first")
         self.api = NbGraderAPI(coursedir=self.coursedir, config=config)
         self.api.log.setLevel(logging.ERROR)   # autograde's INFO lines, one per copied file, are no progress
         self.sanitizers = [pp(config=config) for pp in steps["sanitize_preprocessors"]]

@@ -103,8 +103,9 @@ def grade_shard(lesson_id: str, route: str, inputs: Sequence[tuple[str, Path]], 
         spool = Path(spool_name)
         privates = {student: spool / f"{index:05d}" for index, (student, _) in enumerate(inputs)}
         jobs_file = spool / "jobs.json"
-        jobs_file.write_text(json.dumps([{"id": student, "input": str(Path(path).resolve()), "private": str(privates[student])}
-                                         for student, path in inputs]), encoding="utf-8")
+        jobs = [{"id": student, "input": str(Path(path).resolve()), "private": str(privates[student])}
+                for student, path in inputs]
+        jobs_file.write_text(json.dumps(jobs), encoding="utf-8")
         limits = settings.limits
         command = [sys.executable, "-m", "course.classroom.pool", lesson_id, route, str(jobs_file),
                    "--jobs", str(settings.jobs), "--timeout", str(limits.seconds), "--memory-mb",

@@ -57,7 +57,8 @@ def write_report(lesson: Lesson, results: list[dict], out_dir: Path) -> Path:
     totals = [r["points"] for r in results]
     lines = [f"# Lesson {lesson.lesson_id} ({lesson.title}): class report", "",
              f"{count} submissions; points: mean {sum(totals) / max(count, 1):.1f} of {lesson.points}, "
-             f"{sum(t == lesson.points for t in totals)} with every point, {sum(t == 0 for t in totals)} with none.", ""]
+             f"{sum(t == lesson.points for t in totals)} with every point, {sum(t == 0 for t in totals)} with none.",
+             ""]
     lines += [f"![{name}](figures/{name})" for name in figures] + [""]
     lines += ["## Passed, per exercise", "", "| exercise | section | share of the class with every point |",
               "|---|---|---|"]
