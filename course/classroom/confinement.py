@@ -212,6 +212,7 @@ def _keeper(work: Callable[[], dict], scratch: Path, private: Path, limits: Limi
     """In the keeper: start the grader, read its answer, kill it at the time limit, write ``private/outcome``."""
     start = time.monotonic()
     answer, problem, status, rusage = bytearray(), "", 0, None
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # the pool gone (an interrupted run): so is this run
     _close_inherited()
     logs = [os.open(private / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for name in ("stdout", "stderr")]
     try:
