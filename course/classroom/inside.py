@@ -39,9 +39,8 @@ def grade_files(lesson: Lesson, folder: Path) -> dict:
 
 def runs(cell: dict) -> bool:
     """Whether the notebook route executes ``cell``: every code cell but the course's show-only cells."""
-    grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
     meta = cell.get("metadata", {}).get("nbgrader", {})
-    show_only = meta.get("locked") and not meta.get("grade") and grade_id.startswith(SHOW_ONLY_PREFIXES)
+    show_only = meta.get("locked") and not meta.get("grade") and meta.get("grade_id", "").startswith(SHOW_ONLY_PREFIXES)
     return cell["cell_type"] == "code" and not show_only
 
 

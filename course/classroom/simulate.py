@@ -24,7 +24,7 @@ from course.checks.framework import Lesson
 from course.implementations import REFERENCE_DIR
 from course.layout import NOTEBOOKS_DIR
 
-from .pool import FILES, NOTEBOOK
+from .pool import FILES
 
 KINDS = ("correct", "wrong", "hanging")
 ENDLESS_LOOP = "while True:   # a student's endless loop\n    pass\n"
