@@ -270,3 +270,13 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(arguments, 
     assert code == 2, f"ACTUAL exit {code}, EXPECTED 2 ({err})"
     assert len(err.splitlines()) == 1 and named in err, f"ACTUAL {err!r}, EXPECTED one line naming {named}"
     assert sorted(tmp_path.rglob("*")) == before, "a refused run wrote files"
+
+
+def test_without_confinement_the_command_refuses_unless_told_unconfined(tmp_path, monkeypatch, capsys):
+    """Where the kernel lacks Landlock or user namespaces: one line with the reason and the way out, exit 2."""
+    import course.cli
+    monkeypatch.setattr(course.cli, "unavailable", lambda: "this kernel has no Landlock")
+    code = main(["grade-class", "14", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, f"ACTUAL exit {code}, {err!r}; EXPECTED 2 and one line"
+    assert "no Landlock" in err and "--unconfined" in err, f"ACTUAL {err!r}, EXPECTED the reason and --unconfined"
