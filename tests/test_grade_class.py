@@ -111,7 +111,8 @@ def graded_class(tmp_path_factory) -> GradedClass:
     paths = {"other": folder / "a-correct" / LESSON.module_file, "gradebook": gradebook,
              "course_file": REPO_ROOT / "course" / "PWNED_BY_A_SUBMISSION.py"}
     modules = {"a-correct": reference, "b-wrong": mistake.source(), "c-hanging": reference + "\n" + ENDLESS_LOOP,
-               "d-stderr": reference + "\nimport sys\nprint('debugging output', file=sys.stderr)\n"}
+               "d-stderr": reference + "\nimport sys\nprint('debugging output', file=sys.stderr)\n",
+               "e-crash": reference + "\nimport ctypes\nctypes.string_at(0)   # a crash in native code\n"}
     modules |= {student: ATTEMPT + attack for student, attack in attacks(paths).items()}
     for student, source in modules.items():
         (folder / student).mkdir(parents=True)
@@ -154,18 +155,19 @@ def test_an_interrupted_run_goes_on_where_it_stopped(graded_class):
 
 
 def test_every_submission_gets_the_points_it_earns(graded_class):
-    """Correct: every point; the notebook mistake: all but its hidden cell; hanging: 0 and reported; writing
-    to stderr costs nothing and is reported."""
+    """Correct: every point; the notebook mistake: all but its hidden cell; hanging and crashing: 0 and reported;
+    writing to stderr costs nothing and is reported."""
     cells = {grade_id: points for grade_id, points, _ in scored_cells(LESSON)}
     failing = next(g for g, _, names in scored_cells(LESSON)
                    if next(m for m in LESSON.mistakes if m.name == LESSON.notebook_mistake).caught_by in names)
     expected = {"a-correct": cells, "b-wrong": {**cells, failing: 0}, "c-hanging": {g: 0 for g in cells},
-                "d-stderr": cells}
+                "d-stderr": cells, "e-crash": {g: 0 for g in cells}}
     for student, want in expected.items():
         got = result(graded_class, student)["cells"]
         assert got == {g: float(p) for g, p in want.items()}, (
             f"{student}: points per grade cell\n  ACTUAL:   {got}\n  EXPECTED: {want}")
     assert "timed out" in result(graded_class, "c-hanging")["problem"], result(graded_class, "c-hanging")
+    assert "crashed (signal SIGSEGV)" in result(graded_class, "e-crash")["problem"], result(graded_class, "e-crash")
     noisy = result(graded_class, "d-stderr")
     assert noisy["wrote_stderr"] and "debugging output" in noisy["stderr"] and not noisy["problem"], noisy
     with open(graded_class.out / "grades.csv", newline="", encoding="utf-8") as handle:

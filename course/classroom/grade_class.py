@@ -203,7 +203,7 @@ def run_class(run: ClassRun, say: Callable[[str], None] = print) -> dict:
     course = None
     settings = run.settings
     if route == NOTEBOOK:
-        from .gradebook import NbgraderCourse
+        from .gradebook import CONFIG_FILE, NbgraderCourse
         course = NbgraderCourse(folder.resolve().parent)
         if course.submitted.resolve() != folder.resolve():
             raise InputError(f"SUBMISSIONS_DIR {str(folder)!r} is not the course's submitted folder "
@@ -215,10 +215,11 @@ def run_class(run: ClassRun, say: Callable[[str], None] = print) -> dict:
     if out_dir.resolve().is_relative_to(folder.resolve()):
         raise InputError(f"--out {str(out_dir)!r} is inside SUBMISSIONS_DIR: a submission could be mistaken for it")
     submissions = find_submissions(lesson, folder, route)
-    source = lesson.files()["notebook source"] if course is None else \
-        course.course_dir / course.coursedir.source_directory / lesson.name / f"{lesson.name}.ipynb"
-    grader = grader_digest(lesson, source.read_bytes() + (course.course_dir / "nbgrader_config.py").read_bytes()
-                           if route == NOTEBOOK and source.is_file() else b"")
+    hidden = b""   # the notebook route's hidden tests and cell limits are the course's
+    if course is not None:
+        source = course.course_dir / course.coursedir.source_directory / lesson.name / f"{lesson.name}.ipynb"
+        hidden = (source.read_bytes() if source.is_file() else b"") + (course.course_dir / CONFIG_FILE).read_bytes()
+    grader = grader_digest(lesson, hidden)
     keys = {s.student: result_key(s, grader, settings) for s in submissions}
     results = {s.student: cached_result(out_dir, s.student, keys[s.student]) for s in submissions}
     pending = [s for s in submissions if results[s.student] is None]
