@@ -32,7 +32,7 @@ from course.cli import main
 from course.implementations import REFERENCE_DIR, REPO_ROOT
 
 LESSON = get_lesson("14")
-TIMEOUT_S = 20        # a hanging submission's cost
+TIMEOUT_S = 30        # a hanging submission's cost (a correct one takes ~10 s on a busy 2-core machine)
 MEMORY_MB = 2500      # the pool's address space (~1 GiB after torch and the lesson) and room to grade
 DAEMON = "gc-daemon-t1"   # /proc/PID/comm of the processes the attackers leave behind (15 characters at most)
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=f"no confinement here: {unavailable()}")
