@@ -2,9 +2,10 @@
 a JSON per submission and a report; attacks on the grader stopped; Dask's LocalCluster gives the same points.
 
 One small file-route class of lesson 14 is graded once for the module (``graded_class``): a correct, a wrong
-(the lesson's notebook mistake: only its hidden cell lost), a hanging and a stderr-printing submission and one
+(the lesson's notebook mistake: only its hidden cell lost), a stderr-printing and a crashing submission and one
 submission per attack. Its first run is interrupted (SIGINT) after the first result and a second run finishes
-it. The notebook route's equality with ``nbgrader autograde`` is tested on autograde's own round
+it. The two that hang are graded apart, on Dask's LocalCluster with a short time limit (a hang costs its whole
+limit), beside a quick partial submission that is graded locally too: the same points both ways. The notebook route's equality with ``nbgrader autograde`` is tested on autograde's own round
 (tests/test_notebooks.py, ``test_grade_class_scores_every_cell_like_autograde``).
 """
 from __future__ import annotations
@@ -32,7 +33,16 @@ from course.cli import main
 from course.implementations import REFERENCE_DIR, REPO_ROOT
 
 LESSON = get_lesson("14")
-TIMEOUT_S = 30        # a hanging submission's cost (a correct one takes ~10 s on a busy 2-core machine)
+TIMEOUT_S = 30        # a correct submission takes ~10 s on a busy 2-core machine
+HANG_TIMEOUT_S = 5    # the submissions that hang (their cost) and a quick partial one, graded on Dask
+PARTIAL = """
+def train_one_epoch(*args, **kwargs):
+    raise NotImplementedError("train_one_epoch: TODO")
+
+
+def test_accumulation_matches_big_batch(accumulate_gradients):
+    raise NotImplementedError("test_accumulation_matches_big_batch: TODO")
+"""   # appended to the reference: the four quick exercises written, the two that train left as stubs
 MEMORY_MB = 2500      # the pool's address space (~1 GiB after torch and the lesson) and room to grade
 DAEMON = "gc-daemon-t1"   # /proc/PID/comm of the processes the attackers leave behind (15 characters at most)
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=f"no confinement here: {unavailable()}")
@@ -79,6 +89,8 @@ def attacks(paths: dict) -> dict[str, str]:
 class GradedClass:
     folder: Path
     out: Path
+    dask_out: Path             # the submissions that hang and f-partial, graded on Dask with HANG_TIMEOUT_S
+    on_dask: subprocess.CompletedProcess
     interrupted: subprocess.CompletedProcess
     finished: subprocess.CompletedProcess
     sentinels: dict            # path -> bytes before grading
@@ -91,8 +103,8 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
                           text=True, timeout=600, **kwargs)
 
 
-def grade_command(folder: Path, out: Path, *extra: str) -> list[str]:
-    return ["grade-class", "14", str(folder), "--out", str(out), "--jobs", "2", "--timeout", str(TIMEOUT_S),
+def grade_command(folder: Path, out: Path, *extra: str, timeout: float = TIMEOUT_S) -> list[str]:
+    return ["grade-class", "14", str(folder), "--out", str(out), "--jobs", "2", "--timeout", str(timeout),
             "--memory-mb", str(MEMORY_MB), *extra]
 
 
@@ -110,13 +122,16 @@ def graded_class(tmp_path_factory) -> GradedClass:
     gradebook.write_bytes(b"the instructor's grades")
     paths = {"other": folder / "a-correct" / LESSON.module_file, "gradebook": gradebook,
              "course_file": REPO_ROOT / "course" / "PWNED_BY_A_SUBMISSION.py"}
-    modules = {"a-correct": reference, "b-wrong": mistake.source(), "c-hanging": reference + "\n" + ENDLESS_LOOP,
+    modules = {"a-correct": reference, "b-wrong": mistake.source(), "f-partial": reference + PARTIAL,
                "d-stderr": reference + "\nimport sys\nprint('debugging output', file=sys.stderr)\n",
                "e-crash": reference + "\nimport ctypes\nctypes.string_at(0)   # a crash in native code\n"}
     modules |= {student: ATTEMPT + attack for student, attack in attacks(paths).items()}
-    for student, source in modules.items():
-        (folder / student).mkdir(parents=True)
-        (folder / student / LESSON.module_file).write_text(source, encoding="utf-8")
+    on_dask = {"c-hanging": reference + "\n" + ENDLESS_LOOP, "x-fork-and-hang": modules.pop("x-fork-and-hang"),
+               "f-partial": modules["f-partial"]}
+    for where, submissions in ((folder, modules), (root / "on-dask", on_dask)):
+        for student, source in submissions.items():
+            (where / student).mkdir(parents=True)
+            (where / student / LESSON.module_file).write_text(source, encoding="utf-8")
     sentinels = {p: p.read_bytes() for p in (gradebook, paths["other"])}
     before = course_files()
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
@@ -131,11 +146,14 @@ def graded_class(tmp_path_factory) -> GradedClass:
     rest, err = first.communicate(timeout=120)
     interrupted = subprocess.CompletedProcess(first.args, first.returncode, "".join(lines) + rest, err)
     finished = cli(*grade_command(folder, out))
-    return GradedClass(folder, out, interrupted, finished, sentinels, before)
+    dask_out = root / "results-dask"
+    done_on_dask = cli(*grade_command(root / "on-dask", dask_out, "--dask-scheduler", "local", timeout=HANG_TIMEOUT_S))
+    return GradedClass(folder, out, dask_out, done_on_dask, interrupted, finished, sentinels, before)
 
 
-def result(graded: GradedClass, student: str) -> dict:
-    return json.loads((graded.out / "submissions" / f"{student}.json").read_text(encoding="utf-8"))
+def result(graded: GradedClass, student: str, out: Path | None = None) -> dict:
+    out = out or (graded.out if (graded.folder / student).is_dir() else graded.dask_out)
+    return json.loads((out / "submissions" / f"{student}.json").read_text(encoding="utf-8"))
 
 
 def test_an_interrupted_run_goes_on_where_it_stopped(graded_class):
@@ -181,7 +199,7 @@ def test_attacks_are_stopped_scored_zero_and_change_nothing(graded_class):
     denied = {"x-read-other": "ATTACK read: PermissionError", "x-write-gradebook": "ATTACK write: PermissionError",
               "x-write-course": "ATTACK write: PermissionError", "x-memory": "ATTACK memory: MemoryError",
               "x-signal": "ATTACK signal: ProcessLookupError"}
-    for student in [s for s in os.listdir(graded_class.folder) if s.startswith("x-")]:
+    for student in [s for s in os.listdir(graded_class.folder) if s.startswith("x-")] + ["x-fork-and-hang"]:
         row = result(graded_class, student)
         assert row["points"] == 0, f"{student}: ACTUAL {row['points']} points, EXPECTED 0"
         assert "succeeded" not in row["stderr"] or student.endswith(("daemon", "hang")), (
@@ -214,7 +232,9 @@ def test_the_report_sums_up_the_class(graded_class):
         assert section in report, f"report.md lacks {section!r}"
     mistake = next(m for m in LESSON.mistakes if m.name == LESSON.notebook_mistake)
     assert f"| {mistake.caught_by} | " in report, f"the wrong submission's failed check is not listed:\n{report}"
-    assert "c-hanging: timed out" in report and "d-stderr" in report.split("Wrote to stderr")[1], report
+    assert "e-crash: crashed" in report and "d-stderr" in report.split("Wrote to stderr")[1], report
+    on_dask = (graded_class.dask_out / "report.md").read_text(encoding="utf-8")
+    assert "c-hanging: timed out" in on_dask, on_dask
     for figure in ("points_histogram.png", "exercise_pass_rate.png"):
         data = (graded_class.out / "figures" / figure).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000, f"{figure}: {len(data)} bytes, not a real PNG"
@@ -245,16 +265,17 @@ def test_the_grader_digest_changes_with_the_lessons_grader_only(tmp_path, monkey
     assert grade_class.grader_digest(LESSON) != digest, "a change to lesson 14's grader kept lesson 14's key"
 
 
-def test_a_dask_local_cluster_gives_the_same_points(graded_class, tmp_path):
-    """The wrong submission (some points, not all) on a LocalCluster: one Dask task, one pool on its worker."""
-    folder = tmp_path / "submitted"
-    shutil.copytree(graded_class.folder / "b-wrong", folder / "b-wrong")
-    done = cli(*grade_command(folder, tmp_path / "out", "--dask-scheduler", "local"))
+def test_a_dask_local_cluster_gives_the_same_points(graded_class):
+    """f-partial (some points, not all) graded on a LocalCluster (one Dask task per shard, a pool on its worker)
+    gets the points it got on this machine; the hanging ones time out there too."""
+    done = graded_class.on_dask
     assert done.returncode == 0 and not done.stderr, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    for student in ("b-wrong",):
-        got = json.loads((tmp_path / "out" / "submissions" / f"{student}.json").read_text(encoding="utf-8"))["cells"]
-        want = result(graded_class, student)["cells"]
-        assert got == want, f"{student} on Dask\n  ACTUAL:   {got}\n  EXPECTED: {want} (graded on this machine)"
+    got = result(graded_class, "f-partial", graded_class.dask_out)["cells"]
+    want = result(graded_class, "f-partial", graded_class.out)["cells"]
+    assert got == want and 0 < sum(got.values()) < LESSON.points, (
+        f"f-partial on Dask\n  ACTUAL:   {got}\n  EXPECTED: {want} (graded on this machine; some points, not all)")
+    for student in ("c-hanging", "x-fork-and-hang"):
+        assert "timed out" in result(graded_class, student)["problem"], result(graded_class, student)
 
 
 @pytest.mark.parametrize("arguments, named", [
