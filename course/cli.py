@@ -15,11 +15,13 @@
     python -m course release                      # regenerate every notebook's nbgrader source and release
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
     python -m course kernels                      # the CPU kernel families torch runs on this machine
+    python -m course grade-class 14 DIR           # every submission of a class: parallel, confined, resumable
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -32,7 +34,11 @@ from .checks.framework import CORE, HARDENING, OPTIONAL, PASS, TODO
 from .checks.mutants import analyse, score_line, status_of
 from .checks.parallel import MAX_JOBS, default_jobs
 from .checks.results import SKIP, describe, grade_exercises
+from .classroom.confinement import Limits, unavailable
+from .classroom.grade_class import ClassRun, run_class
+from .classroom.pool import Settings
 from .implementations import REPO_ROOT
+from .input_errors import InputError, refuse
 from .runs.kernels import available_families
 from .runs.threads import positive_integer
 from .scaffold import new_lesson
@@ -306,6 +312,62 @@ def cmd_kernels(args) -> int:
     return 0
 
 
+def cmd_grade_class(args) -> int:
+    """Grade every submission of a class (README, "Instructor notes")."""
+    if not args.unconfined and (why := unavailable()):
+        return refuse(InputError(f"--unconfined: {why}; pass --unconfined to grade with the time and memory limits "
+                                 "alone (student code then runs with your rights)"))
+    settings = Settings(Limits(args.timeout, args.memory_mb, confined=not args.unconfined), args.cell_timeout,
+                        args.jobs)
+    run = ClassRun(args.lesson, Path(args.submissions_dir), Path(args.out) if args.out else None, settings,
+                   args.dask_scheduler, args.shard_size)
+    try:
+        run_class(run, say=lambda line: print(line, flush=True))
+    except InputError as error:
+        return refuse(error)
+    except KeyboardInterrupt:
+        print("interrupted: every finished submission is saved; run the same command again to go on", flush=True)
+        return 130
+    return 0
+
+
+def positive_number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {value}")
+    return number
+
+
+def add_grade_class_parser(sub) -> None:
+    grade = sub.add_parser("grade-class", help="grade every submission of a class: in parallel, each confined, "
+                                               "resumable; into nbgrader's gradebook, a CSV and a report")
+    grade.add_argument("lesson", choices=sorted(LESSONS))
+    grade.add_argument("submissions_dir", metavar="SUBMISSIONS_DIR",
+                       help="an nbgrader course's submitted/ folder (<student>/<assignment>/<assignment>.ipynb), or a "
+                            "folder of submission folders laid out like impl/ (<student>/<module>.py)")
+    grade.add_argument("--jobs", type=positive_integer, default=len(os.sched_getaffinity(0)), metavar="N",
+                       help="submissions graded at once (default: this machine's cores; Dask: its local workers)")
+    grade.add_argument("--out", default=None, metavar="DIR",
+                       help="results, grades.csv and report.md (default: grade-class/<lesson> beside SUBMISSIONS_DIR)")
+    grade.add_argument("--timeout", type=positive_number, default=300.0, metavar="SECONDS",
+                       help="wall-time limit of one submission's grading, all its cells (default: 300)")
+    grade.add_argument("--cell-timeout", type=positive_number, default=0.0, metavar="SECONDS",
+                       help="notebooks: limit of one cell (default: the course's Execute.timeout, as autograde)")
+    grade.add_argument("--memory-mb", type=positive_integer, default=4096, metavar="MIB",
+                       help="address-space limit of one submission's grader (default: 4096; torch needs ~1000)")
+    grade.add_argument("--unconfined", action="store_true",
+                       help="grade without namespaces and Landlock (where the kernel lacks them): limits only")
+    grade.add_argument("--dask-scheduler", default=None, metavar="ADDRESS",
+                       help="grade on a Dask cluster: a scheduler address (tcp://host:8786), or 'local' for a "
+                            "LocalCluster of --jobs workers here")
+    grade.add_argument("--shard-size", type=positive_integer, default=16, metavar="N",
+                       help="Dask: submissions per task (each task warms one pool)")
+    grade.set_defaults(func=cmd_grade_class)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--module", default=None, help="exercise module name (default: the slug)")
     new.add_argument("--root", default=None, help="repository root to write into (default: this checkout)")
     new.set_defaults(func=cmd_new_lesson)
+    add_grade_class_parser(sub)
     return parser
 
 

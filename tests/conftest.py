@@ -110,7 +110,7 @@ def _groups(items) -> dict[str, str]:
 
 # Module groups measured at 15-40 s (`python labs/bench_suite.py -n auto`): started before the many small
 # modules, so that none of them is what one worker still runs after the other has finished
-SLOW_MODULES = ("test_mistakes.py", "test_stage_assembly_ddp.py", "test_lesson15_checkpoint.py",
+SLOW_MODULES = ("test_grade_class.py", "test_mistakes.py", "test_stage_assembly_ddp.py", "test_lesson15_checkpoint.py",
                 "test_lesson16_train_session.py", "test_cli.py")
 
 

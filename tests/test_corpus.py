@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from course.checks import LESSONS
-from course.checks.assignments import grade_cells
+from course.checks.assignments import scored_cells
 from course.cli import main
 from course.implementations import REPO_ROOT
 
@@ -61,12 +61,6 @@ def test_a_correct_solution_passes_the_core_and_gets_every_notebook_point(case):
     assert code == 0 and not failed, f"{path.relative_to(REPO_ROOT)}: correct code failed the core:\n{failed}"
     assert not err.getvalue(), f"the CLI wrote to stderr: {err.getvalue()[-2000:]}"
     passed = {c["check"] for e in report["exercises"] for c in e["checks"] if c["status"] == "PASS"}
-    lost = {grade_id: sorted(names - passed) for grade_id, names in scored_cell_checks(lesson).items()
-            if names - passed}
+    lost = {grade_id: sorted(set(names) - passed) for grade_id, _, names in scored_cells(lesson)
+            if set(names) - passed}
     assert not lost, f"{path.relative_to(REPO_ROOT)}: grade cells that would score 0 (checks not passed): {lost}"
-
-
-def scored_cell_checks(lesson) -> dict[str, set]:
-    """grade_id -> the names of the checks that scored grade cell runs."""
-    return {grade_id: {c.name for c in lesson.checks if f'"{c.name}"' in source}
-            for _, grade_id, source, points in grade_cells(lesson) if points}

@@ -28,14 +28,16 @@ LAYERS = {
     "course.experiments": 2,
     "course.trainers": 3,
     "course.cli": 3,
+    "course.classroom": 3,
     "course.scaffold": 3,
     "course.__main__": 3,
     "labs": 3,
     "impl": 3,
     "notebooks": 3,
 }
-# Who may import the grader: the grader itself, the CLI, and notebooks (their grade cells' helper).
-GRADER_USERS = ("course.checks", "course.cli", "course.__main__", "notebooks")
+# Who may import the grader: the grader itself, the CLI with its class grader, and notebooks (their grade cells'
+# helper).
+GRADER_USERS = ("course.checks", "course.cli", "course.classroom", "course.__main__", "notebooks")
 
 
 def module_name(path: Path) -> str:

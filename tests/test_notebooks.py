@@ -14,10 +14,12 @@ of the README.
 """
 from __future__ import annotations
 
-import ast
 import csv
 import getpass
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -28,10 +30,12 @@ import warm_kernel
 import warm_python
 from doc_runs import run_documented
 
-from course.checks.assignments import (NOTEBOOKS_DIR, build_source, nbgrader_invocation, notebook_lessons,
-                                       release_path, source_path)
+from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_called, nbgrader_invocation,
+                                       notebook_lessons, release_path, source_path)
 from course.checks.framework import expect_equal
 from course.checks.hints import notebook_cell
+from course.classroom.simulate import answered
+from course.implementations import REPO_ROOT
 
 pytestmark = pytest.mark.notebooks
 
@@ -70,12 +74,6 @@ def grade_cells(nb) -> dict[str, int]:
     """grade_id -> points of every grade cell."""
     return {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"]
             for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
-
-
-def checks_called(cell_source: str) -> list[str]:
-    """Check names passed to run_checks(globals(), lesson, *names) in a grade cell."""
-    return [arg.value for node in ast.walk(ast.parse(cell_source)) if isinstance(node, ast.Call)
-            and getattr(node.func, "id", "") == "run_checks" for arg in node.args[2:]]
 
 
 # The committed releases as this checkout holds them, read before any test runs: the README's
@@ -196,22 +194,6 @@ def test_release_holds_no_solution_and_no_hidden_test(lesson, course_dir):
 
 # --- the grading round -------------------------------------------------------------------------
 
-def submission(release, solved, extra_cells=()):
-    """The release with every solution cell answered as in ``solved`` and ``extra_cells`` added
-    after the setup cell (students may add cells)."""
-    import nbformat
-    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in solved.cells
-               if c.metadata.get("nbgrader", {}).get("solution")}
-    nb = nbformat.from_dict(release)
-    for cell in nb.cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
-        if cell.metadata.get("nbgrader", {}).get("solution"):
-            cell.source = answers[grade_id]
-    setup = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
-    nb.cells[setup + 1:setup + 1] = [nbformat.v4.new_code_cell(src) for src in extra_cells]
-    return nb
-
-
 def unsolved_extensions(nb, release, lesson):
     """``nb`` with every optional exercise's cell put back as released."""
     optional = {e.name for e in lesson.optional_exercises}
@@ -267,8 +249,8 @@ def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, st
     failing = grade_cell_running(solved, typical_mistake.caught_by)
     accepted_no_op = grade_cell_running(solved, no_op_test.caught_by) if no_op_test is not None else None
     assert failing != accepted_no_op, "the mistake and the no-op test must lose points in different cells"
-    students = {"reference": submission(release, solved), "untouched": release,
-                FLAWED: unsolved_extensions(submission(release, flawed, broken_cells), release, lesson)}
+    students = {"reference": answered(release, solved), "untouched": release,
+                FLAWED: unsolved_extensions(answered(release, flawed, broken_cells), release, lesson)}
     expected = {"reference": points, "untouched": {cell: 0 for cell in points},
                 FLAWED: {cell: 0 if cell in (failing, accepted_no_op) else p for cell, p in points.items()}}
     return students, expected, failing
@@ -362,6 +344,45 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, g
                   for c in broken.cells if c.cell_type == "code"}
         assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
             f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
+
+
+def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
+    """``python -m course grade-class`` on the round's lesson-14 submissions (the reference, the untouched release
+    and the flawed one with its hanging and raising cells), in a copy of the course whose gradebook forgot
+    autograde's results: the same score in every grade cell as ``nbgrader autograde`` gave; ``nbgrader
+    generate_feedback`` and ``nbgrader export`` then work on it unchanged."""
+    from nbgrader.api import Gradebook
+
+    lesson = next(lesson for lesson in ASSIGNMENT_NOTEBOOKS if lesson.lesson_id == BROKEN_CELLS_IN)
+    students = sorted(grading_round.expected[lesson.name])
+    course = shutil.copytree(grading_round.course_dir, tmp_path / "course",
+                             ignore=shutil.ignore_patterns("autograded", "feedback", "grades.csv"))
+
+    def scores(course_dir: Path) -> dict:
+        with Gradebook(f"sqlite:///{course_dir / 'gradebook.db'}") as gradebook:
+            return {student: {g.name: g.score for g in gradebook.find_submission_notebook(
+                lesson.name, lesson.name, student).grades} for student in students}
+
+    autograde = scores(grading_round.course_dir)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for student in students:
+            gradebook.remove_submission(lesson.name, student)
+    done = subprocess.run([sys.executable, "-m", "course", "grade-class", lesson.lesson_id, str(course / "submitted"),
+                           "--jobs", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0 and not done.stderr, (
+        f"grade-class exited {done.returncode}:\n{done.stdout}{done.stderr}")
+    ours = scores(course)
+    assert ours == autograde, (f"scores per grade cell\n  ACTUAL (grade-class): {ours}\n  EXPECTED (autograde): "
+                               f"{autograde}\nlikely cause: a cell grade-class skips or times out differently")
+    nbgrader(course, "generate_feedback", lesson.name)
+    nbgrader(course, "export")
+    for student in students:
+        assert (course / "feedback" / student / lesson.name / f"{lesson.name}.html").is_file(), student
+    with open(course / "grades.csv", newline="", encoding="utf-8") as handle:
+        exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)
+                    if row["assignment"] == lesson.name and row["student_id"] in students}
+    assert exported == {s: sum(cells.values()) for s, cells in autograde.items()}, exported
 
 
 def test_validate_tells_a_student_the_solved_notebook_passes(grading_round, tmp_path):

@@ -262,6 +262,19 @@ def grade_cells(lesson: Lesson) -> list[tuple[set, str, str, int]]:
     return cells
 
 
+def checks_called(cell_source: str) -> list[str]:
+    """Check names passed to ``run_checks(globals(), lesson, *names)`` in a grade cell's source."""
+    return [arg.value for node in ast.walk(ast.parse(cell_source)) if isinstance(node, ast.Call)
+            and getattr(node.func, "id", "") == "run_checks" for arg in node.args[2:]]
+
+
+def scored_cells(lesson: Lesson) -> list[tuple[str, int, list[str]]]:
+    """(grade_id, points, the checks it runs) of every grade cell that scores points: a cell scores its points
+    exactly when all its checks pass."""
+    return [(grade_id, points, checks_called(source)) for _, grade_id, source, points in grade_cells(lesson)
+            if points]
+
+
 def optional_check_cell(lesson: Lesson, exercise: str, checks, tier: str = OPTIONAL) -> tuple[set, str, str, int]:
     """An extension's cell ``check_NAME``, or a core exercise's hardening cell ``check_NAME_hardening``: locked,
     not graded (0 points; nbgrader has no optional points, and ``validate`` fails a 0-point grade cell that

@@ -11,12 +11,21 @@ is shown on stdout instead, once, and never costs the points.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from types import SimpleNamespace
 
 from . import get_lesson
 from .framework import PASS
 from .results import describe, grade_exercises
+
+
+STATUS_LINE = re.compile(r"^(PASS|FAIL|TODO)  (\w+)  \(", re.MULTILINE)   # what run_checks prints per check
+
+
+def statuses_printed(text: str) -> dict[str, str]:
+    """check -> status of the checks a grade cell's printed output reports (``run_checks``'s lines)."""
+    return {check: status for status, check in STATUS_LINE.findall(text)}
 
 
 def run_checks(namespace: dict, lesson_id: str, *check_names: str) -> None:
@@ -28,7 +37,7 @@ def run_checks(namespace: dict, lesson_id: str, *check_names: str) -> None:
     for message in dict.fromkeys(w for r in checks for w in r.warnings):
         print(f"warning (not graded): {message}")
     for result in checks:
-        print(f"{result.status:<4}  {result.check}  ({result.seconds:.1f} s)")
+        print(f"{result.status:<4}  {result.check}  ({result.seconds:.1f} s)")   # STATUS_LINE reads it
     problems = [describe(r) for r in checks if r.status != PASS]
     if problems:
         raise AssertionError("\n\n".join(problems))

@@ -1,0 +1,141 @@
+"""What runs inside a confined grader: one submission's checks (the file route) or its notebook's cells (the
+notebook route), answered as plain JSON-able data.
+
+The notebook route executes the cells as a Jupyter kernel would, in an in-process IPython shell: magics,
+``display`` and the value of a cell's last expression work, and each cell's outputs are recorded in nbformat's
+shape (stdout and stderr streams, display data, the execute result, the error with its traceback). nbgrader then
+scores each grade cell from those outputs exactly as after ``nbgrader autograde`` (``course.classroom.gradebook``).
+A cell that runs past its time limit ends with a ``CellTimeoutError``, as nbgrader's, and the next cell runs.
+The course's locked cells that only show things and score nothing (``SHOW_ONLY_PREFIXES``: the experiments'
+figures, the ungraded extension and hardening checks) are not run: they are most of a notebook's run time.
+"""
+from __future__ import annotations
+
+import io
+import signal
+import sys
+import time
+from pathlib import Path
+
+from course.checks.framework import CORE, Lesson
+from course.checks.results import grade_exercises
+
+SHOW_ONLY_PREFIXES = ("plot_", "check_")
+TIMEOUT_KEY = "grade_class_timeout"   # a cell's limit in seconds, in the metadata of the copy a grader runs
+MAX_MESSAGE = 2000   # characters of a check's message kept in an answer
+
+
+def grade_files(lesson: Lesson, folder: Path) -> dict:
+    """The lesson's core checks on the module in ``folder``: {"checks": {name: {status, seconds, message}}}, or
+    the import error of a module that does not import."""
+    try:
+        module = lesson.load("student", str(folder))
+    except Exception as exc:   # a student file that does not even import: every check fails
+        return {"import_error": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE], "checks": {}}
+    results = [r for e in grade_exercises(lesson, module) if e.tier == CORE for r in e.checks]
+    return {"checks": {r.check: {"status": r.status, "seconds": round(r.seconds, 3),
+                                 "message": r.message[:MAX_MESSAGE]} for r in results}}
+
+
+def runs(cell: dict) -> bool:
+    """Whether the notebook route executes ``cell``: every code cell but the course's show-only cells."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    show_only = meta.get("locked") and not meta.get("grade") and meta.get("grade_id", "").startswith(SHOW_ONLY_PREFIXES)
+    return cell["cell_type"] == "code" and not show_only
+
+
+class CellTimeoutError(BaseException):
+    """A cell ran past its limit (the name nbgrader gives the same error). A BaseException, as the
+    KeyboardInterrupt nbgrader interrupts a kernel with: a check's ``except Exception`` does not swallow it."""
+
+
+def execute_notebook(notebook: dict) -> dict:
+    """Run the code cells of ``notebook`` (nbformat 4 as a dict) in order: {"cells": [[outputs] or None (not
+    run) per cell], "seconds": [...]}. A cell's limit is its metadata's ``TIMEOUT_KEY`` (none where absent)."""
+    shell = _shell()
+    outputs_of, seconds_of = [], []
+
+    def stop(_signum, _frame):
+        raise CellTimeoutError("the cell ran past its time limit")
+
+    signal.signal(signal.SIGALRM, stop)
+    for count, cell in enumerate(notebook["cells"], 1):
+        if not runs(cell):
+            outputs_of.append(None)
+            seconds_of.append(0.0)
+            continue
+        shell.outputs = outputs = []
+        start = time.perf_counter()
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Stream(outputs, "stdout"), _Stream(outputs, "stderr")
+        signal.setitimer(signal.ITIMER_REAL, cell.get("metadata", {}).get(TIMEOUT_KEY) or 0)
+        try:
+            shell.execution_count = count
+            shell.run_cell("".join(cell["source"]), store_history=False)
+        except CellTimeoutError as exc:   # raised between IPython's own handlers
+            outputs.append(_error(type(exc), exc, [f"{type(exc).__name__}: {exc}"]))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout, sys.stderr = saved
+        outputs_of.append(outputs)
+        seconds_of.append(round(time.perf_counter() - start, 3))
+    return {"cells": outputs_of, "seconds": seconds_of}
+
+
+def _error(etype, evalue, traceback: list[str]) -> dict:
+    return {"output_type": "error", "ename": etype.__name__, "evalue": str(evalue), "traceback": traceback}
+
+
+class _Stream(io.TextIOBase):
+    """stdout or stderr of a cell: consecutive writes join one stream output, as Jupyter shows them."""
+
+    def __init__(self, outputs: list, name: str):
+        self.outputs, self.name = outputs, name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        last = self.outputs[-1] if self.outputs else None
+        if last and last["output_type"] == "stream" and last["name"] == self.name:
+            last["text"] += text
+        else:
+            self.outputs.append({"output_type": "stream", "name": self.name, "text": text})
+        return len(text)
+
+
+def _shell():
+    """An IPython shell whose displays, last-expression values and tracebacks become the current cell's outputs
+    (``shell.outputs``), as ipykernel's become messages."""
+    from IPython.core.displayhook import DisplayHook
+    from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets import Type
+    from traitlets.config import Config
+
+    class Publisher(DisplayPublisher):
+        def publish(self, data, metadata=None, *args, **kwargs):
+            self.shell.outputs.append({"output_type": "display_data", "data": data, "metadata": metadata or {}})
+
+        def clear_output(self, wait=False):
+            self.shell.outputs.clear()
+
+    class ResultHook(DisplayHook):
+        def write_output_prompt(self):
+            pass
+
+        def write_format_data(self, format_dict, md_dict=None):
+            self.shell.outputs.append({"output_type": "execute_result", "data": format_dict,
+                                       "metadata": md_dict or {}, "execution_count": self.shell.execution_count})
+
+    class Shell(InteractiveShell):
+        displayhook_class = Type(ResultHook)
+        display_pub_class = Type(Publisher)
+
+        def _showtraceback(self, etype, evalue, stb):
+            self.outputs.append(_error(etype, evalue, stb))
+
+    InteractiveShell.clear_instance()   # the pool's warm-up ran the released notebook in a shell of its own
+    shell = Shell.instance(config=Config({"HistoryManager": {"enabled": False}}), colors="nocolor")
+    shell.outputs = []
+    return shell
