@@ -186,6 +186,8 @@ def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> S
     model, optimizer, scaler, autocast_ctx = build_training(args)
     try:
         sft.load_pretrained_weights(model, args.from_weight)
+    except NotImplementedError:  # a RuntimeError, but the stub's TODO, not the file's fault
+        raise
     except (ValueError, RuntimeError) as exc:  # a file that does not fit the model (InputError is a ValueError)
         raise InputError(f"--from_weight {args.from_weight}: {exc}") from None
     session = session_impl.TrainingSession(model, optimizer, accumulation_steps=args.accumulation_steps,
@@ -198,6 +200,9 @@ def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> S
         # upstream's own labels: the measurement does not depend on the code it measures
         heldout = SFTDataset(args.heldout_path, tokenizer, args.max_seq_len, random.Random(0), **ratios)
         val_batches, questions = validation_batches(heldout, args.batch_size), heldout_questions(args.heldout_path)
+        if not any((labels != -100).any() for _, labels in val_batches):
+            raise InputError(f"--heldout_path {args.heldout_path}: no answer starts within --max_seq_len "
+                             f"{args.max_seq_len} tokens; nothing to validate on")
     metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
                "figure": str(out_file(args, "full_sft", "_loss.png"))}
     return Stage(args=args, sft=sft, tokenizer=tokenizer, model=model, session=session, autocast_ctx=autocast_ctx,

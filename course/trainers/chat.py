@@ -43,9 +43,10 @@ def check_arguments(args) -> None:
         raise InputError(f"--top_p must be in (0, 1], got {args.top_p}")
 
 
-def chat(args, lines=sys.stdin, out=sys.stdout) -> int:
-    """Answer each line of ``lines`` on one line of ``out`` until an empty line or their end; exit code 0.
-    Bad arguments or files raise an InputError before the first answer."""
+def chat(args, lines=None, out=None) -> int:
+    """Answer each line of ``lines`` (default: stdin) on one line of ``out`` (default: stdout) until an empty line
+    or their end; exit code 0. Bad arguments or files raise an InputError before the first answer."""
+    lines, out = lines or sys.stdin, out or sys.stdout
     check_arguments(args)
     with cpu_threads(args.threads):
         model = model_from_weights(args.weights, "--weights")
