@@ -3,8 +3,9 @@ your assistant_labels -> your sft_epoch on your lesson-16 TrainingSession -> ful
 
     python impl/train_full_sft_impl.py                    # uses YOUR impl/sft.py and impl/train_session.py
     python impl/train_full_sft_impl.py --impl reference   # fine-tunes out/pretrain_128.pth on the stories chats
-    python impl/train_full_sft_impl.py --impl reference --preset minimind --data_path ../minimind/dataset/sft_mini_512.jsonl \
-        --tokenizer_path ../minimind/model --from_weight ../minimind/out/pretrain_768.pth   # upstream's SFT run
+    python impl/train_full_sft_impl.py --impl reference --preset minimind \
+        --data_path ../minimind/dataset/sft_mini_512.jsonl --tokenizer_path ../minimind/model \
+        --from_weight ../minimind/out/pretrain_768.pth                        # upstream's SFT run
     python -m course chat --weights out/full_sft_128.pth  # talk to the result
 
 It starts from the weights file the pretrain stage writes (``python impl/train_pretrain_impl.py --impl reference``)
@@ -214,10 +215,11 @@ def describe(stage: Stage) -> str:
     args = stage.args
     params = sum(p.numel() for p in stage.model.parameters()) / 1e6
     input_ids, labels = stage.train_set[0]
+    tokens, targets = int((input_ids != stage.tokenizer.pad_token_id).sum()), int((labels != -100).sum())
     validation = f" + {len(stage.questions)} held-out answers" if stage.questions else ""
     return (f"LLM params: {params:.3f} M from {args.from_weight}, {len(stage.train_set)} conversations{validation}; "
-            f"conversation 0: {int((labels != -100).sum())} of {int((input_ids != stage.tokenizer.pad_token_id).sum())} "
-            f"tokens are targets; sft_epoch and TrainingSession from {args.impl_dir or args.impl}")
+            f"conversation 0: {targets} of {tokens} tokens are targets; sft_epoch and TrainingSession from "
+            f"{args.impl_dir or args.impl}")
 
 
 def evaluate(stage: Stage, when: str | None) -> None:
