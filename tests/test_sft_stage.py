@@ -221,12 +221,12 @@ def test_chat_keeps_the_conversation(chat_weights, monkeypatch):
 
     def recording_answer(model, tokenizer, messages, *args, **kwargs):
         prompts.append(render_chat(messages, add_generation_prompt=True))
-        return f"answer {len(prompts)}"
+        return f"answer {len(prompts)}\non two lines"
     monkeypatch.setattr(chat_module, "answer", recording_answer)
     run = chat("--weights", str(chat_weights), "--system", "Answer briefly.", stdin="Who?\nWhat?\n\nnot read\n")
-    expect_equal("answers printed", run.out, "answer 1\nanswer 2\n")
+    expect_equal("answers printed, one line each", run.out, "answer 1 on two lines\nanswer 2 on two lines\n")
     expect_equal("prompts (turns before the empty line)", len(prompts), 2)
-    for part in ("<|im_start|>system\nAnswer briefly.", "Who?", "answer 1<|im_end|>", "What?"):
+    for part in ("<|im_start|>system\nAnswer briefly.", "Who?", "answer 1\non two lines<|im_end|>", "What?"):
         assert part in prompts[1], f"second prompt ACTUAL {prompts[1]!r}, EXPECTED to hold {part!r}"
 
 

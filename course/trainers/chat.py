@@ -63,5 +63,5 @@ def chat(args, lines=None, out=None) -> int:
                            temperature=args.temperature if args.sample else 0.0, top_p=args.top_p,
                            seed=args.seed + turn)
             messages.append({"role": "assistant", "content": reply})
-            print(reply, file=out, flush=True)
+            print(" ".join(reply.splitlines()), file=out, flush=True)  # one line per turn, even if it wrote more
     return 0
