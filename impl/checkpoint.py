@@ -20,10 +20,10 @@ from torch.utils.data import Sampler
 class SkipBatchSampler(Sampler):
     """TODO (lesson 15 §5.1): the batches of a resumed epoch, without the ``skip_batches`` already trained.
 
-    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler``. The epoch is ``indices`` (any sized
-    iterable: a range, a list, a DistributedSampler) cut in order into batches of ``batch_size``, the last one
-    possibly shorter; the sampler yields them without the first ``skip_batches``, and ``len()`` counts what it
-    yields. Each pass reads ``indices`` again (a sampler reshuffled by ``set_epoch`` gives its new order).
+    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler`` (lesson 15 §3 walks it, for after your
+    first version). The epoch is ``indices`` (any sized iterable: a range, a list, a DistributedSampler) cut in
+    order into batches of ``batch_size``, the last one possibly shorter; the sampler yields them without the
+    first ``skip_batches``, and ``len()`` counts what it yields.
     Use: ``DataLoader(dataset, batch_sampler=SkipBatchSampler(order, batch_size, skip))``.
     Examples: (range(5), 2) -> [0, 1], [2, 3], [4]; (range(7), 3, 1) -> [3, 4, 5], [6], len 2.
     """
@@ -51,11 +51,10 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
     given) bit for bit; return its dict.
 
     Refuse, with a ValueError naming the path and before changing anything, a file an exact resume cannot
-    start from: a weights-only file, fp16 weights, another model's shapes or config, another optimizer's state,
-    no scaler state for an enabled scaler (a missing file: FileNotFoundError). Load safely
-    (``weights_only=True``) onto the CPU, whatever device wrote the file. ``world_size`` (default: the current
-    one): when it differs from the saved one, the returned ``step`` is rescaled as upstream does (lesson 15
-    §1.6). Example: step 2 saved by 2 ranks -> step 4 on 1 rank.
+    start from (which files: lesson 15 §5.3); a missing file raises FileNotFoundError. Loading runs no code
+    from the file (lesson 15 §1.7) and puts every tensor on the CPU, whatever device wrote it. ``world_size``
+    (default: the current one): when it differs from the saved one, the returned ``step`` is rescaled as
+    upstream does (lesson 15 §1.6). Example: step 2 saved by 2 ranks -> step 4 on 1 rank.
     """
     raise NotImplementedError("load_checkpoint: TODO - see lesson 15 §5.3 (aligns with lm_checkpoint)")
 
@@ -63,8 +62,8 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, world_size=None
 def resume_position(checkpoint, iters: int) -> tuple[int, int]:
     """TODO (lesson 15 §5.4): where the loop continues after loading ``checkpoint``: ``(start_epoch, start_step)``.
 
-    As upstream (``ckp['epoch'], ckp['step']``), except that a checkpoint written at the end of an epoch
-    (``step == iters``, the micro-batches of an epoch) continues at step 0 of the next epoch.
-    Examples with iters = 6: {'epoch': 1, 'step': 2} -> (1, 2); {'epoch': 0, 'step': 6} -> (1, 0).
+    ``iters`` is the number of micro-batches of an epoch. ``start_step`` counts the micro-batches of
+    ``start_epoch`` already trained, as the checkpoint's ``step`` does for its epoch; ``0 <= start_step < iters``.
+    Example with iters = 6: {'epoch': 1, 'step': 2} -> (1, 2).
     """
     raise NotImplementedError("resume_position: TODO - see lesson 15 §5.4")

@@ -56,9 +56,10 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     """TODO (lesson 14 §5.5): one epoch of MiniMind's pretrain loop, built from your four functions above.
 
     Aligns with ``course/minimind/train_pretrain.py::train_epoch`` without logging, saving or DDP; lesson 14 §1
-    explains each step, §5.5 what is graded. ``loader`` yields ``(input_ids, labels)``; ``epoch`` is 0-based of
-    ``epochs``; ``iters``: micro-batches of a full epoch; ``start_step``: micro-steps of this epoch done before a
-    resume. ``scaler=None``: no loss scaling; ``autocast_ctx=None``: no autocast.
+    explains each step, §5.5 what is graded. ``loader`` yields ``(input_ids, labels)``; ``device``: where they go
+    (``"cpu"``, ``"cuda:0"``); ``epoch`` is 0-based of ``epochs``; ``iters``: micro-batches of a full epoch;
+    ``start_step``: micro-steps of this epoch done before a resume. ``scaler``: a ``torch.amp.GradScaler``, None
+    for no loss scaling; ``autocast_ctx``: a context manager around each forward pass, None for no autocast.
     Returns one dict per micro-step run: ``step`` (1-based), ``lr``, ``loss`` (not divided by K, aux included),
     ``aux_loss``, ``update_closed`` (an update closed here), ``overflow_skipped`` (the scaler skipped it),
     ``grad_norm`` (before clipping, where an update closed; else None), ``tail_flush`` (closed by the flush

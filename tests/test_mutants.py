@@ -112,15 +112,16 @@ def test_exercises_reaching_follows_callers_uses_and_code_outside_definitions():
 
 
 def test_mutants_in_argument_rules_are_the_hardening_tier():
-    """should_step_optimizer's guard clauses (an if that only raises) make HARDENING mutants, its return line CORE
-    ones. Graded without the hardening checks, every core mutant is still killed (by the core checks alone) and
+    """should_step_optimizer's guard clauses (an if that only raises) and its call of a ``_validate*`` helper make
+    HARDENING mutants, its return line CORE ones. Graded without the hardening checks, every core mutant is still killed (by the core checks alone) and
     some hardening ones survive; a core mutant that only a hardening check fails is not killed."""
     lesson = get_lesson("14")
     results = analyse(lesson, "should_step_optimizer")
     tiers = {r.mutant.tier for r in results}
     assert tiers == {"core", "hardening"}, tiers
-    assert all(r.mutant.tier == "hardening" for r in results if "raise" in r.mutant.original_line
-               or r.mutant.original_line.startswith("if ")), [(r.mutant.key, r.mutant.tier) for r in results]
+    rule_lines = [r for r in results if r.mutant.original_line.startswith(("raise", "if ", "_validate"))]
+    assert any(r.mutant.original_line.startswith("_validate") for r in rule_lines), [r.mutant.key for r in results]
+    assert all(r.mutant.tier == "hardening" for r in rule_lines), [(r.mutant.key, r.mutant.tier) for r in results]
     core_only = dataclasses.replace(lesson, checks=[c for c in lesson.checks if c.tier == "core"],
                                     mistakes=(), equivalents=())
     graded = analyse(core_only, "should_step_optimizer")

@@ -17,10 +17,11 @@ and error-message text are left alone):
 * call: its first two positional arguments swapped
 * except: ``except Exception`` -> ``except ValueError``; a tuple of exceptions -> its first one
 
-Each mutant is in a tier. A mutant inside a guard clause (an ``if`` whose body only raises: an argument rule)
-or inside a ``_validate*`` helper is a HARDENING mutant, killed by any check; every other one changes the code
-of the lesson's objectives and is a CORE mutant: only a core check's failure kills it (a core mutant that
-only a hardening check fails counts as survived until it gets a core check or a listed reason).
+Each mutant is in a tier. A mutant inside a guard clause (an ``if`` whose body only raises: an argument rule),
+a call of a ``_validate*`` helper or such a helper itself is a HARDENING mutant, killed by any check; every
+other one changes the code of the lesson's objectives and is a CORE mutant: only a core check's failure kills
+it (a core mutant that only a hardening check fails counts as survived until it gets a core check or a listed
+reason).
 """
 from __future__ import annotations
 
@@ -155,11 +156,13 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.AST]]:
 
 def _argument_rules(function: ast.AST, qualified: str) -> set[int]:
     """ids of the nodes in ``function``'s argument rules: its guard clauses (an ``if`` whose body only raises,
-    with no ``else``), or all of it when it is a ``_validate*`` helper."""
+    with no ``else``) and its calls of ``_validate*`` helpers, or all of it when it is such a helper."""
     if qualified.split(".")[-1].startswith("_validate"):
         return {id(n) for n in ast.walk(function)}
     guards = [n for n in ast.walk(function) if isinstance(n, ast.If) and not n.orelse
               and all(isinstance(statement, ast.Raise) for statement in n.body)]
+    guards += [n for n in ast.walk(function) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+               and isinstance(n.value.func, ast.Name) and n.value.func.id.startswith("_validate")]
     return {id(n) for guard in guards for n in ast.walk(guard)}
 
 

@@ -23,21 +23,26 @@ from .tokenizer import ByteTokenizer
 TINY_CORPUS = Path(__file__).resolve().parents[2] / "labs" / "data" / "pretrain_tiny.jsonl"
 
 
-def parse_text(line: bytes, where: str) -> str:
-    """The ``text`` field of one jsonl line; ``where`` (file:line) names it in the error."""
+def parse_json_line(line: bytes, where: str):
+    """One jsonl line decoded; ``where`` (file:line) names it in the error."""
     try:
-        record = json.loads(line.decode("utf-8"))
+        return json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{where}: not valid UTF-8") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc.msg})") from None
+
+
+def parse_text(line: bytes, where: str) -> str:
+    """The ``text`` field of one jsonl line (``PretrainDataset``'s input)."""
+    record = parse_json_line(line, where)
     if not isinstance(record, dict) or not isinstance(record.get("text"), str):
         raise InputError(f'{where}: expected an object with a string "text" field')
     return record["text"]
 
 
-def jsonl_records(path):
-    """Yield ``(byte offset, text)`` for every non-blank line, checking each one; a bad line raises
+def jsonl_records(path, parse=parse_text):
+    """Yield ``(byte offset, parse(line, "file:line"))`` for every non-blank line; a bad line raises
     with file and line number, an empty file with its name. A UTF-8 BOM opening the file is skipped, as
     upstream's reader (``datasets.load_dataset('json')``) skips it; anywhere else it is a bad line."""
     path = Path(path)
@@ -51,7 +56,7 @@ def jsonl_records(path):
                 line, start = line[len(codecs.BOM_UTF8):], start + len(codecs.BOM_UTF8)
             if line.strip():
                 found = True
-                yield start, parse_text(line, f"{path}:{line_no}")
+                yield start, parse(line, f"{path}:{line_no}")
     if not found:
         raise InputError(f"{path}: no samples")
 
@@ -61,23 +66,32 @@ def read_jsonl_texts(path) -> list[str]:
     return [text for _, text in jsonl_records(path)]
 
 
-class JsonlTexts:
-    """The texts of a jsonl file, read on demand: one checking pass records each line's byte offset
-    (8 bytes a line), then ``texts[i]`` seeks to it. Memory stays bounded by the index, not the file."""
+class JsonlRecords:
+    """The records of a jsonl file, each ``parse(line, where)``, read on demand: one checking pass records each
+    line's byte offset (8 bytes a line), then ``records[i]`` seeks to it. Memory stays bounded by the index,
+    not the file."""
 
-    def __init__(self, path):
+    def __init__(self, path, parse):
         self.path = Path(path)
-        self.offsets = array("q", (offset for offset, _ in jsonl_records(self.path)))
+        self.parse = parse
+        self.offsets = array("q", (offset for offset, _ in jsonl_records(self.path, parse)))
 
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def __getitem__(self, index: int) -> str:
+    def __getitem__(self, index: int):
         offset = self.offsets[index]
         with self.path.open("rb") as handle:  # opened per read: safe in DataLoader worker processes
             handle.seek(offset)
             line = handle.readline()
-        return parse_text(line, f"{self.path} (byte {offset}, changed since it was indexed?)")
+        return self.parse(line, f"{self.path} (byte {offset}, changed since it was indexed?)")
+
+
+class JsonlTexts(JsonlRecords):
+    """The ``text`` fields of a pretraining jsonl, read on demand."""
+
+    def __init__(self, path):
+        super().__init__(path, parse_text)
 
 
 class PretrainDataset(Dataset):

@@ -3,7 +3,9 @@
 Upstream ships a 6400-token byte-level BPE whose special tokens are ``<|endoftext|>`` = 0
 (pad/unk), ``<|im_start|>`` = 1 (bos) and ``<|im_end|>`` = 2 (eos). We keep those ids and the
 vocabulary size, and map every UTF-8 byte to one id after them, so any text (Chinese too)
-round-trips without a trained merge table.
+round-trips without a trained merge table. A special token's string in the text becomes its id, as Hugging
+Face's tokenizers split added tokens out before the byte-level model: SFT prompts (``<|im_start|>user ...``)
+depend on that, and text without those strings gets the same ids as before.
 
 ``load_tokenizer`` loads a real one instead: a ``tokenizer.json`` (MiniMind's ``model/`` directory
 holds one) through the Hugging Face ``tokenizers`` library, behind the same interface.
@@ -11,6 +13,7 @@ holds one) through the Hugging Face ``tokenizers`` library, behind the same inte
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +31,18 @@ class Encoding:
 
 
 class TokenizerCall(ABC):
-    """The slice of the Hugging Face tokenizer interface that ``PretrainDataset`` uses, over ``token_ids``."""
+    """The slice of the Hugging Face tokenizer interface that ``PretrainDataset`` and ``SFTDataset`` use, over
+    ``token_ids``: the special tokens' ids and, as upstream's SFT markers need them, their strings."""
+    pad_token: str
+    bos_token: str
+    eos_token: str
     pad_token_id: int
     bos_token_id: int
     eos_token_id: int
 
     @abstractmethod
     def token_ids(self, text: str) -> list[int]:
-        """The ids of ``text`` without special tokens."""
+        """The ids of ``text``, special-token strings in it included, with no bos/eos added around it."""
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
@@ -56,15 +63,26 @@ class TokenizerCall(ABC):
 
 
 class ByteTokenizer(TokenizerCall):
+    pad_token = MINIMIND_SPECIAL_TOKENS["pad_token"]
+    bos_token = MINIMIND_SPECIAL_TOKENS["bos_token"]
+    eos_token = MINIMIND_SPECIAL_TOKENS["eos_token"]
     pad_token_id = 0
     bos_token_id = 1
     eos_token_id = 2
-    special_tokens = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    special_tokens = {pad_token: 0, bos_token: 1, eos_token: 2}
     byte_offset = 3
     vocab_size = 6400
+    # A capturing split: the pieces at odd positions are special tokens (none is a prefix of another).
+    special_token_split = re.compile("(" + "|".join(map(re.escape, special_tokens)) + ")")
 
     def token_ids(self, text: str) -> list[int]:
-        return [byte + self.byte_offset for byte in text.encode("utf-8")]
+        ids = []
+        for position, piece in enumerate(self.special_token_split.split(text)):
+            if position % 2:
+                ids.append(self.special_tokens[piece])
+            else:
+                ids.extend(byte + self.byte_offset for byte in piece.encode("utf-8"))
+        return ids
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         out = bytearray()
@@ -83,7 +101,9 @@ class ByteTokenizer(TokenizerCall):
 
 
 class JsonTokenizer(TokenizerCall):
-    """A ``tokenizer.json`` loaded with ``tokenizers``; special-token ids come from its vocabulary."""
+    """A ``tokenizer.json`` loaded with ``tokenizers``; special-token ids come from its vocabulary. ``tokenizers``
+    itself turns the added tokens' strings in a text into their ids (``<|im_start|>`` -> 1, ``<think>`` -> 25 in
+    MiniMind's), exactly as the Hugging Face tokenizer upstream uses."""
 
     def __init__(self, path: Path, tokenizer, special_tokens: dict[str, str]):
         self.path = path
@@ -94,6 +114,7 @@ class JsonTokenizer(TokenizerCall):
             if token_id is None:
                 raise InputError(f"--tokenizer_path {str(path)!r}: no {role} {token!r} in its vocabulary "
                                  f"(PretrainDataset needs pad, bos and eos)")
+            setattr(self, role, token)
             setattr(self, f"{role}_id", token_id)
 
     def token_ids(self, text: str) -> list[int]:

@@ -63,6 +63,11 @@ def current_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def fp16_state_dict(model) -> dict:
+    """Upstream's saved weights: each state_dict entry ``.half().cpu()`` (tied fp32 tensors: two copies)."""
+    return {name: tensor.half().cpu() for name, tensor in model.state_dict().items()}
+
+
 def lm_checkpoint(lm_config, weight="pretrain", model=None, optimizer=None, epoch=0, step=0,
                   save_dir="checkpoints", **kwargs):
     """Upstream ``lm_checkpoint`` (wandb left out). With ``model``: write the fp16 weights file
@@ -78,7 +83,7 @@ def lm_checkpoint(lm_config, weight="pretrain", model=None, optimizer=None, epoc
     ckp_path = f"{save_dir}/{weight}_{lm_config.hidden_size}{moe_path}.pth"
     resume_path = f"{save_dir}/{weight}_{lm_config.hidden_size}{moe_path}_resume.pth"
     if model is not None:
-        state_dict = {k: v.half().cpu() for k, v in model.state_dict().items()}
+        state_dict = fp16_state_dict(model)
         ckp_tmp = ckp_path + ".tmp"
         torch.save(state_dict, ckp_tmp)
         os.replace(ckp_tmp, ckp_path)

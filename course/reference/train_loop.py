@@ -14,6 +14,21 @@ import torch
 from course.runs import LoopScenario, tiny_batches, tiny_model
 
 
+def _validate_counts(**counts: int) -> None:
+    """Each count must be >= 1: a ValueError naming it instead of a ZeroDivisionError or a silent wrong answer."""
+    for name, value in counts.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _validate_position(*, epoch: int, epochs: int, step: int, iters: int) -> None:
+    """``epoch`` in [0, epochs) and the 1-based micro-step ``step`` in [1, iters]."""
+    if not 0 <= epoch < epochs:
+        raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")
+    if not 1 <= step <= iters:
+        raise ValueError(f"step must be in [1, iters={iters}], got {step}")
+
+
 def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
     """MiniMind's schedule (``get_lr``): ``base_lr * (0.1 + 0.45 * (1 + cos(pi * s / T)))``."""
     if total_steps <= 0:
@@ -25,15 +40,13 @@ def cosine_lr(current_step: int, total_steps: int, base_lr: float) -> float:
 
 def scale_loss_for_accumulation(loss: torch.Tensor, accumulation_steps: int) -> torch.Tensor:
     """Divide by K so that K accumulated backward passes give the mean micro-batch gradient."""
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    _validate_counts(accumulation_steps=accumulation_steps)
     return loss / accumulation_steps
 
 
 def should_step_optimizer(step: int, accumulation_steps: int) -> bool:
     """True at the end of each accumulation window; ``step`` is the 1-based micro-step."""
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    _validate_counts(accumulation_steps=accumulation_steps)
     if step <= 0:
         raise ValueError(f"step must be >= 1 (micro-steps are 1-based), got {step}")
     return step % accumulation_steps == 0
@@ -41,8 +54,7 @@ def should_step_optimizer(step: int, accumulation_steps: int) -> bool:
 
 def should_flush_tail(last_step: int, start_step: int, accumulation_steps: int) -> bool:
     """True when the epoch ran at least one micro-step and ended inside a window."""
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+    _validate_counts(accumulation_steps=accumulation_steps)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if last_step < start_step:
@@ -71,12 +83,7 @@ def train_one_epoch(model, loader, optimizer, *, device, epoch, epochs, iters, b
     ``aux_loss``, ``update_closed`` (the optimizer was asked to step), ``overflow_skipped`` (the
     GradScaler found inf/NaN and skipped that step), ``grad_norm`` (pre-clip, or None) and ``tail_flush``.
     """
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
-    if iters <= 0:
-        raise ValueError(f"iters must be >= 1, got {iters}")
-    if epochs <= 0:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    _validate_counts(accumulation_steps=accumulation_steps, iters=iters, epochs=epochs)
     if not 0 <= epoch < epochs:
         raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")
     if not 0 <= start_step <= iters:
@@ -157,10 +164,7 @@ def test_accumulation_matches_big_batch(accumulate_gradients) -> None:
 
 def accumulation_divisor(step: int, iters: int, accumulation_steps: int) -> int:
     """What micro-step ``step`` divides its loss by: K in full windows, r = iters % K in the last, partial one."""
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
-    if iters <= 0:
-        raise ValueError(f"iters must be >= 1, got {iters}")
+    _validate_counts(accumulation_steps=accumulation_steps, iters=iters)
     if not 1 <= step <= iters:
         raise ValueError(f"step must be in [1, iters={iters}], got {step}")
     tail = iters % accumulation_steps
@@ -170,16 +174,8 @@ def accumulation_divisor(step: int, iters: int, accumulation_steps: int) -> int:
 def lr_per_update(epoch: int, step: int, iters: int, epochs: int, accumulation_steps: int,
                   base_lr: float) -> float:
     """MiniMind's cosine over optimizer updates: update n (1-based, over all epochs) of N gets cosine_lr(n, N)."""
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
-    if iters <= 0:
-        raise ValueError(f"iters must be >= 1, got {iters}")
-    if epochs <= 0:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if epoch < 0 or epoch >= epochs:
-        raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")
-    if not 1 <= step <= iters:
-        raise ValueError(f"step must be in [1, iters={iters}], got {step}")
+    _validate_counts(accumulation_steps=accumulation_steps, iters=iters, epochs=epochs)
+    _validate_position(epoch=epoch, epochs=epochs, step=step, iters=iters)
     updates_per_epoch = math.ceil(iters / accumulation_steps)
     update = epoch * updates_per_epoch + math.ceil(step / accumulation_steps)
     return cosine_lr(update, epochs * updates_per_epoch, base_lr)
@@ -188,12 +184,7 @@ def lr_per_update(epoch: int, step: int, iters: int, epochs: int, accumulation_s
 def update_cadence_due(step: int, iters: int, accumulation_steps: int, interval: int) -> bool:
     """True where a log or save counted in updates is due: ``step`` closes update n (n = ceil(step / K)) and
     n % interval == 0, or ``step`` closes the epoch's last update (step == iters)."""
-    if accumulation_steps <= 0:
-        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
-    if iters <= 0:
-        raise ValueError(f"iters must be >= 1, got {iters}")
-    if interval <= 0:
-        raise ValueError(f"interval must be >= 1, got {interval}")
+    _validate_counts(accumulation_steps=accumulation_steps, iters=iters, interval=interval)
     if not 1 <= step <= iters:
         raise ValueError(f"step must be in [1, iters={iters}], got {step}")
     if step == iters:

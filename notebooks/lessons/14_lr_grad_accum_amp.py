@@ -79,8 +79,8 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 5 — one epoch of the training loop (lesson 14 §5.5)
 #
-# Put the four pieces together in MiniMind's order: set the lr, forward under autocast, backward on the
-# scaled loss, and at a window's end unscale → clip → step → update → zero the gradients.
+# Put the four pieces together into one epoch of MiniMind's loop. Lesson 14 §1 derives each part; the five
+# actions of an update run in the one order that §1.5 leaves, and §5.5 asks you to derive it before it answers.
 # The test runs your loop and MiniMind's on the same tiny model and data and compares every record,
 # every parameter and the AdamW state. The hidden tests add an enabled GradScaler with an overflow,
 # `scaler=None` (no loss scaling: nothing is skipped) and a count of the host syncs inside the loop.
@@ -94,7 +94,8 @@ torch.set_num_threads(1)
 # This time you write the test: K accumulated micro-batches with loss / K give the gradient of one big
 # batch. Its argument is the implementation under test; `accumulate_gradients` (imported above) is a
 # correct one, so `test_accumulation_matches_big_batch(accumulate_gradients)` must return. The grade cell
-# also runs your test on five wrong implementations (and one per large gradient tensor 1 % off), and each must make it raise `AssertionError`.
+# also runs your test on the wrong implementations of lesson 14 §5.6, and your test must fail each of them
+# (with `AssertionError`, §5.6 says why). Design its inputs and tolerance with §5.6's questions first.
 
 # %%
 # exercise: test_accumulation_matches_big_batch

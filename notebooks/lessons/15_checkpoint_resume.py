@@ -18,7 +18,10 @@
 # `python -m course check 15` runs on `impl/checkpoint.py`, so both routes grade the same way.
 # Some test cells hold hidden tests that only run when the notebook is graded.
 #
-# Training always runs on the course's oracle loop, so this lesson does not depend on your lesson 14.
+# Answer each section's questions in the lesson text before you write the cell: the answers are folded
+# under them there, and upstream's versions wait in §3, for after your first version.
+#
+# Training always runs on the course's oracle loop, so this notebook does not depend on your lesson 14.
 # The last part interrupts a tiny run, resumes it with *your* functions and draws the loss curves
 # (also saved under `figures/`).
 
@@ -49,8 +52,8 @@ torch.set_num_threads(1)
 # ## Exercise 1 — skipping the batches a resumed epoch already trained (lesson 15 §5.1)
 #
 # MiniMind regenerates an epoch's order from its seed, so a resumed run only has to skip the first
-# `step` batches. Like upstream's sampler, yours keeps the final partial batch and reads the order
-# afresh on every pass. The graded objectives are listed in lesson 15 §4.2; the optional hardening
+# `step` batches. §5.1 asks what `__iter__` must read so that a reshuffled sampler gives its new order,
+# and what `len` is. The graded objectives are listed in lesson 15 §4.2; the optional hardening
 # cells under each exercise grade the conventions of §5.5 (0 points).
 
 # %%
@@ -60,7 +63,8 @@ torch.set_num_threads(1)
 # ## Exercise 2 — writing a resume checkpoint (lesson 15 §5.2, principles in §1.1–§1.7)
 #
 # Everything the next micro-step reads: fp32 weights, AdamW's moments, the GradScaler, the counters,
-# the world size. Written to a temporary file and renamed, so a crash never destroys the last good one.
+# the world size, written so that a crash at any moment leaves the last good checkpoint whole (§1.7 says
+# what that takes; §5.2 asks you to put it in order).
 
 # %%
 # exercise: save_checkpoint
@@ -68,8 +72,8 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 3 — loading it back, validating first (lesson 15 §5.3)
 #
-# `weights_only=True`, and a file an exact resume cannot start from refused before the model,
-# optimizer or scaler change.
+# A file that can run no code when it is read, and a file an exact resume cannot start from refused
+# before the model, optimizer or scaler change: §5.3 asks you to list those files first.
 
 # %%
 # exercise: load_checkpoint
@@ -77,8 +81,7 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 4 — where to continue, and the whole resume (lesson 15 §5.4, graded as in §6.2)
 #
-# A checkpoint written at the end of an epoch continues at the start of the next one. The second
-# test stops a run at an update boundary, saves it with your `save_checkpoint`, loads it into fresh
+# Which saved step is special (§5.4)? The second test stops a run at an update boundary, saves it with your `save_checkpoint`, loads it into fresh
 # objects with your `load_checkpoint`, positions it with your `resume_position`, feeds it with your
 # `SkipBatchSampler` and finishes: the result must equal the run that never stopped, **bitwise**.
 

@@ -41,7 +41,7 @@ from course.protocol.text import shifted_target_count, token_nll_sum
 from course.minimind import IGNORE_INDEX
 # Lesson 14's answer (the reference): whether micro-step s closes a window of K; use it if you like.
 from course.reference.train_loop import should_step_optimizer
-from course.runs import SESSION_SCENARIO, accumulate_token_weighted, masked_micro_batches, tiny_model
+from course.runs import LABEL_CUTS, SESSION_SCENARIO, accumulate_token_weighted, masked_micro_batches, tiny_model
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores.
@@ -50,7 +50,7 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 1 — counting what the loss averages over (lesson 16 §4.1, the math in §1)
 #
-# The model's loss is a mean over the *shifted* targets `labels[..., 1:] != -100`.
+# The model's loss is a mean over some of the label positions: which ones (§1.3)?
 
 # %%
 # exercise: count_loss_units
@@ -74,10 +74,10 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 4 — the TrainingSession (lesson 16 §4.3, the protocol in §5.1)
 #
-# One parameter update over K calls of `train_step`: each micro-batch's loss is weighted by
-# `gradient_units / normalization_units`, and the session owns the update boundary
-# (unscale → clip → step → update → zero_grad). The tests compare the accumulated gradients with one
-# backward of the whole global batch (atol 1e-6).
+# One parameter update over K calls of `train_step`, and the session owns the update boundary. The
+# tests compare the accumulated gradients with one backward of the whole global batch (atol 1e-6);
+# how to weight each micro-batch's backward, and the order of events at the boundary, are the
+# questions of §4.3.
 
 # %%
 # exercise: TrainingSession
@@ -85,11 +85,10 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 5 — write the test (lesson 16 §4.4)
 #
-# You write the test: token-weighted accumulation over micro-batches with UNEQUAL valid-target counts
-# gives the global batch's gradient. `accumulate_token_weighted` (imported above) is a correct
-# implementation, so `test_token_weighted_matches_global_batch(accumulate_token_weighted)` must return.
-# The grade cell also runs your test on four wrong implementations (and one per large gradient tensor 1 % off), and each must make it raise
-# `AssertionError`.
+# You write the test: token-weighted accumulation gives the global batch's gradient.
+# `accumulate_token_weighted` (imported above) is a correct implementation, so
+# `test_token_weighted_matches_global_batch(accumulate_token_weighted)` must return. The grade cell
+# also runs your test on the wrong implementations of §4.4's table, and each must make it fail.
 
 # %%
 # exercise: test_token_weighted_matches_global_batch
@@ -97,7 +96,7 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## Exercise 6 — migrating a legacy training state (lesson 16 §5.4)
 #
-# An old state counted micro-batches and micro-steps; it resumes at the last update boundary.
+# An old state counted micro-batches and micro-steps; where does it resume (§5.4)?
 
 # %%
 # exercise: migrate_train_state

@@ -33,6 +33,8 @@ EQUIVALENT_MUTANTS: dict[str, str] = {
         "two independent read-backs at the end (loss_values, aux_values)",
     "train_one_epoch#3: statements swapped with the next one":
         "two independent read-backs at the end (aux_values, norm_values)",
+    "lr_per_update#2: statements swapped with the next one":
+        "the counts are validated first, so updates_per_epoch computed before the position rule cannot raise",
     "update_cadence_due#1: arithmetic // -> /":
         "only evaluated when step % K == 0, where step / K is an exact float equal to step // K",
     "adamw_param_groups#1: statements swapped with the next one":

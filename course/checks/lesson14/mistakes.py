@@ -125,16 +125,14 @@ MISTAKES = [
         rule="lose its graph"),
     mistake("step_accepts_negative_k", "should_step_optimizer refuses K == 0 only",
         "should_step_optimizer",
-        "    if accumulation_steps <= 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
-        "{accumulation_steps}\")\n    if step <= 0:",
+        "    _validate_counts(accumulation_steps=accumulation_steps)\n    if step <= 0:",
         "    if accumulation_steps == 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
         "{accumulation_steps}\")\n    if step <= 0:", should_step_rejects_bad_arguments),
     mistake("step_accepts_negative_step", "should_step_optimizer refuses step == 0 only",
         "should_step_optimizer", "if step <= 0:", "if step == 0:", should_step_rejects_bad_arguments),
     mistake("flush_accepts_negative_k", "should_flush_tail refuses K == 0 only",
         "should_flush_tail",
-        "    if accumulation_steps <= 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
-        "{accumulation_steps}\")\n    if start_step < 0:",
+        "    _validate_counts(accumulation_steps=accumulation_steps)\n    if start_step < 0:",
         "    if accumulation_steps == 0:\n        raise ValueError(f\"accumulation_steps must be >= 1, got "
         "{accumulation_steps}\")\n    if start_step < 0:", should_flush_rejects_bad_arguments),
     mistake("accepts_negative_epoch", "train_one_epoch checks epoch < epochs only",
@@ -206,13 +204,16 @@ MISTAKES = [
         rule="the aux loss is not in the backward"),
     mistake("k_checked_by_scale_loss", "no accumulation_steps check of its own: the error comes from the first "
         "micro-step's scale_loss_for_accumulation, after the loader started", "train_one_epoch",
-        '    if accumulation_steps <= 0:\n        raise ValueError(f"accumulation_steps must be >= 1, got '
-        '{accumulation_steps}")\n    if iters <= 0:', "    if iters <= 0:", train_one_epoch_rejects_bad_arguments),
-    mistake("epochs_checked_by_epoch", "no epochs check: epochs=0 is reported as a bad epoch",
-        "train_one_epoch", '    if epochs <= 0:\n        raise ValueError(f"epochs must be >= 1, got {epochs}")\n', "",
+        "_validate_counts(accumulation_steps=accumulation_steps, iters=iters, epochs=epochs)", "_validate_counts(iters=iters, epochs=epochs)",
         train_one_epoch_rejects_bad_arguments),
+    mistake("epochs_checked_by_epoch", "no epochs check: epochs=0 is reported as a bad epoch",
+        "train_one_epoch", "_validate_counts(accumulation_steps=accumulation_steps, iters=iters, epochs=epochs)",
+        "_validate_counts(accumulation_steps=accumulation_steps, iters=iters)", train_one_epoch_rejects_bad_arguments),
     mistake("rejects_one_batch_epoch", "iters <= 1 refused: an epoch of one micro-batch is valid",
-        "train_one_epoch", "if iters <= 0:", "if iters <= 1:", train_one_epoch_accepts_boundary_arguments),
+        "train_one_epoch", "    " + "_validate_counts(accumulation_steps=accumulation_steps, iters=iters, epochs=epochs)" + "\n",
+        "    _validate_counts(accumulation_steps=accumulation_steps, epochs=epochs)\n"
+        '    if iters <= 1:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n',
+        train_one_epoch_accepts_boundary_arguments),
     # the student's test (reference: course/reference/train_loop.py) with one edit each
     *(replace(weak, rule=WEAK_TEST_RULES[weak.name]) for weak in weak_comparisons(
         "test_accumulation_matches_big_batch", "1e-4", accumulation_test_passes_correct_and_fails_wrong,
@@ -263,18 +264,22 @@ MISTAKES = [
         lr_per_update_follows_the_update_count),
     mistake("lr_per_update_accepts_any_step", "lr_per_update never checks step",
         "lr_per_update",
-        "        raise ValueError(f\"step must be in [1, iters={iters}], got {step}\")\n    updates_per_epoch",
-        "        pass\n    updates_per_epoch", lr_per_update_rejects_bad_arguments),
+        "    _validate_position(epoch=epoch, epochs=epochs, step=step, iters=iters)\n",
+        '    if not 0 <= epoch < epochs:\n        raise ValueError(f"epoch must be in [0, epochs={epochs}), got {epoch}")\n',
+        lr_per_update_rejects_bad_arguments),
     mistake("cadence_in_micro_steps", "step % interval: upstream's cadence, counted in micro-steps",
         "update_cadence_due",
         "(step // accumulation_steps) % interval == 0", "step % interval == 0", update_cadence_counts_updates),
     mistake("cadence_misses_epoch_end", "no log or save after the epoch's last (tail) update",
         "update_cadence_due", "    if step == iters:\n        return True\n", "", update_cadence_counts_updates),
     mistake("cadence_accepts_zero_interval", "update_cadence_due refuses a negative interval only",
-        "update_cadence_due", "if interval <= 0:", "if interval < 0:", update_cadence_rejects_bad_arguments),
+        "update_cadence_due", "    _validate_counts(accumulation_steps=accumulation_steps, iters=iters, interval=interval)\n",
+        "    _validate_counts(accumulation_steps=accumulation_steps, iters=iters)\n"
+        '    if interval < 0:\n        raise ValueError(f"interval must be >= 1, got {interval}")\n',
+        update_cadence_rejects_bad_arguments),
     mistake("cadence_iters_checked_by_step", "update_cadence_due has no iters check: iters=0 is reported as a bad "
         "step", "update_cadence_due",
-        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n', "",
+        "    _validate_counts(accumulation_steps=accumulation_steps, iters=iters, interval=interval)\n", "    _validate_counts(accumulation_steps=accumulation_steps, interval=interval)\n",
         update_cadence_rejects_bad_arguments),
     mistake("warmup_rejects_one_step_run", "total_steps <= 1 refused: a run of one step is valid",
         "warmup_cosine_lr", "if total_steps <= 0:", "if total_steps <= 1:", warmup_cosine_lr_ramps_then_follows_get_lr),
@@ -321,11 +326,7 @@ MISTAKES = [
         train_one_epoch_matches_oracle_fp32, rule="do not call len(loader)"),
     mistake("iters_checked_before_k", "checks iters before accumulation_steps: with both bad, iters is named",
         "train_one_epoch",
-        '    if accumulation_steps <= 0:\n        raise ValueError(f"accumulation_steps must be >= 1, got '
-        '{accumulation_steps}")\n    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n',
-        '    if iters <= 0:\n        raise ValueError(f"iters must be >= 1, got {iters}")\n'
-        '    if accumulation_steps <= 0:'
-        '\n        raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")\n',
+        "_validate_counts(accumulation_steps=accumulation_steps, iters=iters, epochs=epochs)", "_validate_counts(iters=iters, accumulation_steps=accumulation_steps, epochs=epochs)",
         train_one_epoch_rejects_bad_arguments),
     mistake("cosine_checks_step_first", "checks current_step before total_steps: (-1, 0) names current_step",
         "cosine_lr",

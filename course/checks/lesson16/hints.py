@@ -67,8 +67,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "micro-batch means, counts with masked or unshifted targets, each micro-batch by its own count, one "
         "tensor slightly off, a sign or a place wrong) and choose inputs under which each changes the gradient.",
         "course/runs/accumulation.py::accumulate_token_weighted is the correct version your test receives; "
-        "course/runs/session.py::masked_micro_batches and global_batch_gradients, and course/reference's own "
-        "test, show how the oracle is built. Lesson 16 §4.4's table says which input lets each bug through.",
+        "course/runs/session.py::masked_micro_batches and global_batch_gradients show how the oracle is "
+        "built. Lesson 16 §4.4's table says which input lets each bug through.",
         "K >= 2 micro-batches with UNEQUAL valid-target counts, masked (-100) targets in some, valid labels at "
         "position 0 of some samples; the oracle is ONE backward of token_nll_sum / shifted_target_count over "
         "all of them concatenated, on a second model with the same seed; compare every parameter's gradient "
