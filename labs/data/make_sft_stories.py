@@ -1,18 +1,30 @@
 """Writes labs/data/sft_stories.jsonl and sft_stories_heldout.jsonl: lesson 17's built-in chat corpus (no download).
 
-Conversations about stories like those of make_pretrain_stories.py (its names, animals, things, colors, places and
-sentence templates), in MiniMind's sft format: one ``{"conversations": [{"role": ..., "content": ...}, ...]}`` per
-line, roles ``system`` (sometimes), ``user`` and ``assistant``. The first user turn holds a story and a question,
-later user turns (multi-turn conversations) ask more questions about the same story. Every question has one exact
-answer, from a few tokens ("Mia.") to a sentence or two: a system message may ask for full sentences, and some
-questions ask to repeat a sentence of the story. ``answer_matches`` scores an answer (case, punctuation and spacing
-ignored).
+Conversations about short stories like those of make_pretrain_stories.py (its names, animals, things, places and
+sentence templates), in MiniMind's sft format: one ``{"conversations": [{"role": ..., "content": ...}, ...]}``
+per line, roles ``system`` (in about half of them), then ``user`` and ``assistant``. The first user turn holds a
+story and a question, later user turns (multi-turn conversations, about half of them) ask more questions about
+the same story. Some system messages ask for short answers (as without one), others for answers that begin
+with "The answer is", so following the system message is part of being right.
 
-The held-out split tests reading, not memory: some (person, animal) and (person, thing) pairs are reserved, a
-training story never shows one (no "Mia found a ... book", no "Mia has a ... cat" if those pairs are reserved),
-and every held-out story shows at least one, so no held-out story occurs in the training split; none occurs word
-for word in the pretraining corpus either. Everything is drawn by ``random.Random`` from SEED, so both files are
-the same byte for byte on every machine.
+Every question asks for a word that occurs in the story as the only word of its kind: its place ("Where did
+Mia go?" -> "To the beach."), its animal ("What animal does Mia have?" -> "A cat."), its thing ("What did Leo
+find?" -> "A book."). With a word-level tokenizer (one trained on these corpora: " beach" is one token) a
+one-layer model answers them by attending to the right token of the prompt and copying it. Left out on
+purpose, because the lesson's one-layer model does not learn them in its time budget (measured): questions
+that need two hops (who found the book? every story has two people), answers copied over several tokens, and
+answers that are not a copy of a story token ("How did Mia feel?" -> "Happy.": " happy" and "Happy" are
+different tokens; 11 % held-out).
+
+The held-out split tests reading, not memory: HELDOUT_NAMES of the twelve people (``heldout_names``) occur
+only in held-out conversations, and every held-out story is about two of them. A training conversation never
+mentions them, so nothing in the training split ties them to a place, an animal or a thing: a right held-out
+answer was read from the story in the prompt. The answers' words all occur in the training split, and no
+held-out story occurs, word for word, in the pretraining corpus either (where every story is random, so the
+pretrained model cannot know who has which animal).
+
+Everything is drawn by ``random.Random`` from SEED, so both files are the same byte for byte on every machine.
+``answer_matches`` scores an answer against the gold one; ``exact_match_score`` a list of them.
 
     python labs/data/make_sft_stories.py                       # rewrites the committed files
     python labs/data/make_sft_stories.py TRAIN.jsonl HELDOUT.jsonl
@@ -34,17 +46,20 @@ HERE = Path(__file__).resolve().parent
 PRETRAIN = load_module(HERE / "make_pretrain_stories.py", "make_pretrain_stories")
 
 SEED = 2027
-TRAIN_CONVERSATIONS = 1200
+TRAIN_CONVERSATIONS = 1600
 HELDOUT_CONVERSATIONS = 200
 TRAIN_OUT = HERE / "sft_stories.jsonl"
 HELDOUT_OUT = HERE / "sft_stories_heldout.jsonl"
-RESERVED_PER_NAME = 2  # of the 10 animals and of the 10 things, per name: 20 % of the pairs are held out
+STORY_SENTENCES = (2, 4)  # a story shows this many consecutive sentences of the seven templates
+HELDOUT_NAMES = 3  # of the pretraining corpus's 12 people: they occur only in held-out conversations
 
-# (system message, answer style); None: no system message. One conversation in three asks for full sentences.
-SYSTEMS = [(None, "short"), (None, "short"), ("Answer questions about the story.", "short"),
-           ("Answer briefly.", "short"), ("Answer in a full sentence.", "full"),
-           ("Always answer with one whole sentence.", "full")]
-FIRST_TURNS = ["Story: {story}\nQuestion: {question}", "{story}\n{question}",
+# (system message, answer style); None: no system message. "prefixed": "The answer is a hat." for "A hat.".
+SYSTEMS = [(None, "short"), (None, "short"), (None, "short"), ("Answer briefly.", "short"),
+           ("You are a helpful assistant. Give short answers.", "short"),
+           ("Begin every answer with 'The answer is'.", "prefixed"),
+           ("You are a quiz bot. Start each answer with 'The answer is'.", "prefixed")]
+KINDS = ("place", "animal", "thing")
+FIRST_TURNS = ["{story}\n{question}", "Story: {story}\nQuestion: {question}",
                "Read the story and answer the question. {story} {question}"]
 TURN_COUNTS = [1, 1, 1, 1, 1, 2, 2, 2, 3, 3]  # half single-turn, the rest two or three questions
 
@@ -65,8 +80,7 @@ class Story:
     shown: range  # indices into sentences()
 
     def sentences(self) -> list[str]:
-        # make_pretrain_stories.story's templates, with a color of its own for the thing, so that a color
-        # question has to find the right sentence
+        # make_pretrain_stories.story's templates (the thing has a color of its own there too)
         return [f"{self.owner} has a {self.animal_color} {self.animal}.",
                 f"The {self.animal} {self.present} in the {self.place}.",
                 f"One day {self.owner} went to the {self.place} with {self.friend}.",
@@ -78,78 +92,26 @@ class Story:
     def text(self) -> str:
         return " ".join(self.sentences()[i] for i in self.shown)
 
-    def bindings(self) -> set[tuple[str, str]]:
-        """The (person, animal or thing) pairs its shown sentences tie together."""
-        pairs = {0: [(self.owner, self.animal)], 3: [(self.friend, self.thing)], 4: [(self.owner, self.animal)],
-                 5: [(self.owner, self.thing), (self.friend, self.thing)]}
-        return {pair for i in self.shown for pair in pairs.get(i, [])}
-
-    def questions(self) -> dict[str, tuple[str, str, str]]:
-        """kind -> (question, short answer, full-sentence answer), for the questions its shown sentences answer."""
+    def questions(self) -> dict[str, tuple[str, str]]:
+        """kind -> (question, short answer), for the questions its shown sentences answer. Each answer's key
+        word is the story's only word of its kind (a story has one place, one animal, one thing)."""
         s = self
         base = s.present[:-1]  # "runs" -> "run": every verb of the pretraining corpus
+        a_thing = f"{'an' if s.thing[0] in 'aeiou' else 'a'} {s.thing}"
+        a_animal = f"{'an' if s.animal[0] in 'aeiou' else 'a'} {s.animal}"
         by_sentence = {
-            0: {"pet_what": (f"What animal does {s.owner} have?", f"A {s.animal_color} {s.animal}.",
-                             f"{s.owner} has a {s.animal_color} {s.animal}."),
-                "pet_color": (f"What color is {s.owner}'s {s.animal}?", f"{s.animal_color.capitalize()}.",
-                              f"{s.owner}'s {s.animal} is {s.animal_color}."),
-                "pet_owner": (f"Who has a {s.animal}?", f"{s.owner}.", f"{s.owner} has a {s.animal}.")},
-            1: {"pet_where": (f"Where does the {s.animal} {base}?", f"In the {s.place}.",
-                              f"The {s.animal} {s.present} in the {s.place}.")},
-            2: {"went_where": (f"Where did {s.owner} go?", f"To the {s.place}.", f"{s.owner} went to the {s.place}."),
-                "went_with": (f"Who went to the {s.place} with {s.owner}?", f"{s.friend}.",
-                              f"{s.friend} went to the {s.place} with {s.owner}.")},
-            3: {"find_what": (f"What did {s.friend} find?", f"A {s.thing_color} {s.thing}.",
-                              f"{s.friend} found a {s.thing_color} {s.thing}."),
-                "find_who": (f"Who found the {s.thing}?", f"{s.friend}.", f"{s.friend} found the {s.thing}."),
-                "thing_color": (f"What color was the {s.thing}?", f"{s.thing_color.capitalize()}.",
-                                f"The {s.thing} was {s.thing_color}.")},
-            4: {"feeling": (f"How did {s.owner} feel?", f"{s.feeling.capitalize()}.", f"{s.owner} felt {s.feeling}."),
-                "pet_did": (f"What did the {s.animal} do all day?", f"It {s.past}.",
-                            f"The {s.animal} {s.past} all day.")},
-            5: {"gave_what": (f"What did {s.owner} give to {s.friend}?", f"The {s.thing}.",
-                              f"{s.owner} gave the {s.thing} to {s.friend}."),
-                "gave_who": (f"Who did {s.owner} give the {s.thing} to?", f"{s.friend}.",
-                             f"{s.owner} gave the {s.thing} to {s.friend}.")},
-            6: {"sleep_where": (f"Where did the {s.animal} sleep at night?", f"In the {s.place}.",
-                                f"The {s.animal} slept in the {s.place}.")},
+            0: {"animal": (f"What animal does {s.owner} have?", f"{a_animal.capitalize()}.")},
+            1: {"place": (f"Where does the {s.animal} {base}?", f"In the {s.place}.")},
+            2: {"place": (f"Where did {s.owner} go?", f"To the {s.place}.")},
+            3: {"thing": (f"What did {s.friend} find?", f"{a_thing.capitalize()}.")},
+            5: {"thing": (f"What did {s.owner} give to {s.friend}?", f"The {s.thing}.")},
+            6: {"place": (f"Where did the {s.animal} sleep?", f"In the {s.place}.")},
         }
-        found = {kind: qa for i in self.shown for kind, qa in by_sentence.get(i, {}).items()}
-        # sentence-long answers in either style: the model has to copy a whole sentence of the prompt
-        first, last = self.sentences()[self.shown[0]], self.sentences()[self.shown[-1]]
-        found["first_sentence"] = ("What is the first sentence of the story?", first, first)
-        found["last_sentence"] = ("What is the last sentence of the story?", last, last)
+        found = {}
+        for i in self.shown:  # one question per kind: the first shown sentence that answers it
+            for kind, qa in by_sentence.get(i, {}).items():
+                found.setdefault(kind, qa)
         return found
-
-
-@dataclass
-class Counting:
-    """make_pretrain_stories.counting without its answer sentence."""
-    name: str
-    thing: str
-    start: int
-    more: int
-
-    def text(self) -> str:
-        return f"{self.name} has {self.count(self.start)}. {self.name} gets {PRETRAIN.NUMBER_WORDS[self.more]} more."
-
-    def count(self, n: int, more: str = "") -> str:
-        """"one ball", "two balls" (the pretraining corpus writes "one balls"); more="more ": "one more ball"."""
-        return f"{PRETRAIN.NUMBER_WORDS[n]} {more}{self.thing}{'' if n == 1 else 's'}"
-
-    def bindings(self) -> set[tuple[str, str]]:
-        return {(self.name, self.thing)}
-
-    def questions(self) -> dict[str, tuple[str, str, str]]:
-        words, s = PRETRAIN.NUMBER_WORDS, self
-        return {
-            "count_total": (f"How many {s.thing}s does {s.name} have now?", f"{words[s.start + s.more].capitalize()}.",
-                            f"{s.name} has {s.count(s.start + s.more)} now."),
-            "count_start": (f"How many {s.thing}s did {s.name} have at first?", f"{words[s.start].capitalize()}.",
-                            f"{s.name} had {s.count(s.start)} at first."),
-            "count_more": (f"How many more {s.thing}s did {s.name} get?", f"{words[s.more].capitalize()}.",
-                           f"{s.name} got {s.count(s.more, more='more ')}."),
-        }
 
 
 @dataclass
@@ -159,62 +121,62 @@ class Chat:
     kinds: list[str]
 
 
-def reserved_pairs(rng: random.Random) -> set[tuple[str, str]]:
-    """The (person, animal) and (person, thing) pairs that only held-out stories show."""
-    return {(name, noun) for name in PRETRAIN.NAMES
-            for nouns in (PRETRAIN.ANIMALS, PRETRAIN.THINGS) for noun in rng.sample(nouns, RESERVED_PER_NAME)}
+def heldout_names(seed: int = SEED) -> list[str]:
+    """The people only held-out conversations mention (HELDOUT_NAMES of the pretraining corpus's twelve)."""
+    return sorted(random.Random(seed).sample(PRETRAIN.NAMES, HELDOUT_NAMES))
 
 
-def draw_story(rng: random.Random) -> Story:
-    owner, friend = rng.sample(PRETRAIN.NAMES, 2)
+def draw_story(rng: random.Random, names: list[str], lengths: tuple[int, int] = STORY_SENTENCES) -> Story:
+    owner, friend = rng.sample(names, 2)
     present, past = rng.choice(PRETRAIN.VERBS)
-    start = rng.randrange(3)  # the pretraining corpus's windows: 3 to 5 sentences from the first, second or third
+    length = rng.randint(*lengths)
+    start = rng.randrange(8 - length)  # any window of the seven templates
     return Story(owner=owner, friend=friend, animal=rng.choice(PRETRAIN.ANIMALS),
                  animal_color=rng.choice(PRETRAIN.COLORS), thing=rng.choice(PRETRAIN.THINGS),
                  thing_color=rng.choice(PRETRAIN.COLORS), place=rng.choice(PRETRAIN.PLACES),
                  feeling=rng.choice(PRETRAIN.FEELINGS), present=present, past=past,
-                 shown=range(start, start + rng.randint(3, 5)))
+                 shown=range(start, start + length))
 
 
-def draw_counting(rng: random.Random) -> Counting:
-    return Counting(name=rng.choice(PRETRAIN.NAMES), thing=rng.choice(PRETRAIN.THINGS), start=rng.randint(1, 6),
-                    more=rng.randint(1, 6))
-
-
-def draw_chat(rng: random.Random, subject) -> Chat:
-    """A system message (sometimes), then 1-3 different questions about ``subject``, the first with its text."""
+def draw_chat(rng: random.Random, story: Story, kinds: list[str]) -> Chat:
+    """A system message (sometimes), then questions of ``kinds`` about ``story``, the first with its text."""
     system, style = rng.choice(SYSTEMS)
-    questions = subject.questions()
-    kinds = rng.sample(sorted(questions), min(rng.choice(TURN_COUNTS), len(questions)))
+    questions = story.questions()
     turns = [{"role": "system", "content": system}] if system else []
     for i, kind in enumerate(kinds):
-        question, short, full = questions[kind]
-        user = rng.choice(FIRST_TURNS).format(story=subject.text(), question=question) if i == 0 else question
-        turns += [{"role": "user", "content": user},
-                  {"role": "assistant", "content": full if style == "full" else short}]
+        question, short = questions[kind]
+        user = rng.choice(FIRST_TURNS).format(story=story.text(), question=question) if i == 0 else question
+        reply = short if style == "short" else f"The answer is {short[:1].lower()}{short[1:]}"
+        turns += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     return Chat(turns, kinds)
 
 
-def draw_chats(rng: random.Random, count: int, keep) -> list[Chat]:
-    """``count`` conversations about subjects (stories, one in four a counting text) that ``keep`` accepts."""
+def draw_chats(rng: random.Random, count: int, names: list[str], pretrain_texts: list[str]) -> list[Chat]:
+    """``count`` conversations about stories whose two people are among ``names``, none a pretraining text or
+    part of one. The first question's kind cycles through KINDS, so every kind is asked about as often."""
     chats = []
     while len(chats) < count:
-        subject = draw_counting(rng) if rng.random() < 0.25 else draw_story(rng)
-        if keep(subject):
-            chats.append(draw_chat(rng, subject))
+        first = KINDS[len(chats) % len(KINDS)]
+        turn_count = rng.choice(TURN_COUNTS)
+        while True:
+            story = draw_story(rng, names)
+            questions = story.questions()
+            if first in questions and not any(story.text() in text for text in pretrain_texts):
+                break
+        kinds = sorted(questions)
+        others = [kind for kind in kinds if kind != first]
+        chats.append(draw_chat(rng, story, [first] + rng.sample(others, min(turn_count - 1, len(others)))))
     return chats
 
 
 def corpus(seed: int = SEED, train: int = TRAIN_CONVERSATIONS, heldout: int = HELDOUT_CONVERSATIONS):
     """(training chats, held-out chats). Each split has its own generator, so the held-out split does not move
     when the training split grows."""
-    reserved = reserved_pairs(random.Random(seed))
+    held = heldout_names(seed)
     pretrain_texts = PRETRAIN.texts()
-
-    def unseen(subject) -> bool:  # shows a reserved pair and is no pretraining text, nor part of one
-        return bool(subject.bindings() & reserved) and not any(subject.text() in text for text in pretrain_texts)
-    return (draw_chats(random.Random(seed + 1), train, lambda subject: not subject.bindings() & reserved),
-            draw_chats(random.Random(seed + 2), heldout, unseen))
+    return (draw_chats(random.Random(seed + 1), train, [name for name in PRETRAIN.NAMES if name not in held],
+                       pretrain_texts),
+            draw_chats(random.Random(seed + 2), heldout, held, pretrain_texts))
 
 
 def normalize_answer(text: str) -> str:
@@ -222,13 +184,30 @@ def normalize_answer(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
 
 
+LEADING = re.compile(r"^(?:a|an|the|to the|in the) ")
+PREFIX = "the answer is "
+
+
 def answer_matches(prediction: str, reference: str) -> bool:
-    """The exact-answer score of one answer: equal after normalize_answer."""
-    return normalize_answer(prediction) == normalize_answer(reference)
+    """Exactly right: equal to the reference after ``normalize_answer``, or the reference's key word (its last
+    word: the story's place, animal or thing) alone, after at most one "a", "an", "the", "to the" or "in the"
+    (and after "The answer is" when the reference begins so: the system message asked for it). So "To the
+    beach." and "the beach" match "To the beach."; "The answer is beach" matches "The answer is to the beach.",
+    "To the beach." does not; "The beach or the park" and "To the park." match neither."""
+    guess, gold = normalize_answer(prediction), normalize_answer(reference)
+    if guess == gold:
+        return True
+    if gold.startswith(PREFIX):
+        if not guess.startswith(PREFIX):
+            return False
+        guess, gold = guess[len(PREFIX):], gold[len(PREFIX):]
+    words = gold.split()
+    return bool(words) and LEADING.sub("", guess) == words[-1]
+
 
 
 def exact_match_score(predictions: list[str], references: list[str]) -> float:
-    """The share of predictions that match their reference exactly (after normalize_answer)."""
+    """The share of predictions that match their reference exactly (``answer_matches``)."""
     if len(predictions) != len(references) or not references:
         raise ValueError(f"need as many predictions as references, at least one: got {len(predictions)} "
                          f"and {len(references)}")
