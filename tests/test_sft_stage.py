@@ -1,5 +1,6 @@
 """The main job's second stage (impl/train_full_sft_impl.py) and ``python -m course chat``: a tiny end-to-end SFT run
-on the reference, the TODO path, bad inputs, the mask path, held-out scoring, and the chat REPL."""
+on the reference, the TODO path, bad inputs, the mask path, held-out scoring, and the chat REPL; and the claim of
+the README and lesson 17 §10 about the documented two-stage run."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from doc_runs import run_documented
 from stub_copies import untouched_impl
 
 from course.checks.framework import expect_equal
@@ -20,8 +22,8 @@ from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind import MiniMindConfig, MiniMindForCausalLM, SFTDataset, load_tokenizer
 from course.minimind.sft import render_chat
 from course.trainers import chat as chat_module
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, exact_answers,
-                                 heldout_questions, micro_batches, model_from_weights, score_line)
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, STORIES_TOKENIZER, AssistantMaskedDataset,
+                                 exact_answers, heldout_questions, micro_batches, model_from_weights, score_line)
 
 STAGE_PATH = REPO_ROOT / "impl" / "train_full_sft_impl.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -34,10 +36,15 @@ def lines_of(path, count: int, destination):
     return destination
 
 
-def tiny_weights(path, hidden_size: int = 32, num_hidden_layers: int = 1, half: bool = False):
+STORIES_VOCAB_SIZE = load_tokenizer(STORIES_TOKENIZER).vocab_size   # the stories preset's tokenizer
+
+
+def tiny_weights(path, hidden_size: int = 32, num_hidden_layers: int = 1, half: bool = False,
+                 vocab_size: int = STORIES_VOCAB_SIZE):
     """A fresh model's state dict, as the pretrain stage saves it (fp32) or as upstream does (fp16)."""
     torch.manual_seed(0)
-    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers))
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+                                               vocab_size=vocab_size))
     torch.save({k: v.half() if half else v for k, v in model.state_dict().items()}, path)
     return path
 
@@ -97,7 +104,7 @@ def test_the_stage_runs_end_to_end_on_the_reference(short_run, tiny_inputs):
 
 def test_the_stage_writes_upstream_fp16_weights_report_and_curves(short_run):
     state_dict = torch.load(short_run.out_dir / "full_sft_32.pth", weights_only=True)
-    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1))
+    model = MiniMindForCausalLM(MiniMindConfig(hidden_size=32, num_hidden_layers=1, vocab_size=STORIES_VOCAB_SIZE))
     expect_equal("saved keys", sorted(state_dict), sorted(model.state_dict()))
     expect_equal("saved dtypes", {v.dtype for v in state_dict.values()}, {torch.float16})
     expect_equal("loss figure signature", (short_run.out_dir / "full_sft_32_loss.png").read_bytes()[:8], PNG_SIGNATURE)
@@ -209,6 +216,20 @@ def test_chat_answers_each_turn_on_one_line_greedy_and_reads_the_shape(chat_weig
     expect_equal("shape read from the file", (model.config.hidden_size, model.config.num_hidden_layers), (32, 2))
 
 
+def test_chat_reads_a_byte_tokenizer_model_with_the_byte_tokenizer(tmp_path, monkeypatch):
+    tokenizers = []
+
+    def recording_answer(model, tokenizer, *args, **kwargs):
+        tokenizers.append(tokenizer)
+        return "an answer"
+    monkeypatch.setattr(chat_module, "answer", recording_answer)
+    weights = tiny_weights(tmp_path / "byte_32.pth", vocab_size=load_tokenizer(None).vocab_size)
+    run = chat("--weights", str(weights), stdin="Who?\n")
+    assert run.code == 0, run.err
+    expect_equal("tokenizer (the model's vocabulary is the byte tokenizer's)", type(tokenizers[0]),
+                 type(load_tokenizer(None)))
+
+
 def test_chat_samples_reproducibly_with_a_seed(chat_weights):
     runs = [chat("--weights", str(chat_weights), "--max_new_tokens", "6", "--sample", "--seed", "5")
             for _ in range(2)]
@@ -244,3 +265,21 @@ def test_chat_refuses_bad_weights_in_one_line(case, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: --weights"), f"stderr ACTUAL {run.err!r}, EXPECTED one " \
                                                                         "line 'error: --weights ...'"
     expect_equal("stdout", run.out, "")
+
+
+# The README's and lesson 17 §10's two-stage path (tests/test_docs_commands.py runs the same commands: one run each)
+DOCUMENTED_PATH = ("python impl/train_pretrain_impl.py --impl reference",
+                   "python impl/train_full_sft_impl.py --impl reference")
+CLAIMED_SHARE = 0.60   # "answers at least 60 % of the held-out questions"; measured 90 % and more
+
+
+def test_the_documented_path_answers_most_heldout_questions():
+    for command in DOCUMENTED_PATH:
+        assert command in (REPO_ROOT / "README.md").read_text(encoding="utf-8"), f"the README runs no `{command}`"
+        proc = run_documented(command)
+        assert proc.returncode == 0, f"`{command}`: exit code {proc.returncode}\n{(proc.stdout + proc.stderr)[-3000:]}"
+    score = SCORE.search(proc.stdout)
+    assert score, f"the SFT stage printed no score line:\n{proc.stdout[-3000:]}"
+    matches, total = int(score[1]), int(score[2])
+    assert matches >= CLAIMED_SHARE * total, (f"held-out exact answers ACTUAL {matches}/{total} "
+                                              f"({100 * matches / total:.1f} %), EXPECTED >= {CLAIMED_SHARE:.0%}")

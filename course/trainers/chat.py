@@ -13,7 +13,7 @@ import sys
 from course.input_errors import InputError
 from course.minimind import load_tokenizer
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.sft import answer, model_from_weights
+from course.trainers.sft import STORIES_TOKENIZER, answer, model_from_weights
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,9 @@ def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a model state dict, e.g. out/full_sft_128.pth (fp16 or fp32; the model's shape is "
                              "read from it)")
     parser.add_argument("--tokenizer_path", default=None,
-                        help="a tokenizer.json or its directory (default: the built-in byte tokenizer)")
+                        help="a tokenizer.json or its directory (default: the stories tokenizer, "
+                             "labs/data/stories_tokenizer, for a model of its vocabulary size, else the built-in "
+                             "byte tokenizer)")
     parser.add_argument("--system", default=None, metavar="TEXT", help="a system message opening the conversation")
     parser.add_argument("--sample", action="store_true", help="draw each token instead of taking the likeliest")
     parser.add_argument("--temperature", type=float, default=0.85, help="with --sample (upstream's eval default)")
@@ -43,6 +45,13 @@ def check_arguments(args) -> None:
         raise InputError(f"--top_p must be in (0, 1], got {args.top_p}")
 
 
+def default_tokenizer(model):
+    """The tokenizer of the course's stories models (the pretrain and SFT stages' default) when the model has its
+    vocabulary size, else the built-in byte tokenizer (the tiny preset's)."""
+    stories = load_tokenizer(STORIES_TOKENIZER)
+    return stories if stories.vocab_size == model.config.vocab_size else load_tokenizer(None)
+
+
 def chat(args, lines=None, out=None) -> int:
     """Answer each line of ``lines`` (default: stdin) on one line of ``out`` (default: stdout) until an empty line
     or their end; exit code 0. Bad arguments or files raise an InputError before the first answer."""
@@ -50,7 +59,7 @@ def chat(args, lines=None, out=None) -> int:
     check_arguments(args)
     with cpu_threads(args.threads):
         model = model_from_weights(args.weights, "--weights")
-        tokenizer = load_tokenizer(args.tokenizer_path)
+        tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else default_tokenizer(model)
         if tokenizer.vocab_size != model.config.vocab_size:
             raise InputError(f"--tokenizer_path {args.tokenizer_path or '(the built-in byte tokenizer)'}: "
                              f"{tokenizer.vocab_size} tokens, the model in --weights has {model.config.vocab_size}")

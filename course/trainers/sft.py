@@ -21,6 +21,8 @@ from course.trainers.pretrain import decode, generate_ids
 STORIES_CHATS = load_module(REPO_ROOT / "labs" / "data" / "make_sft_stories.py", "make_sft_stories")
 STORIES_SFT_CORPUS = STORIES_CHATS.TRAIN_OUT
 STORIES_SFT_HELDOUT = STORIES_CHATS.HELDOUT_OUT
+# The word-level tokenizer of the stories corpora (labs/data/make_stories_tokenizer.py): the stories models' own.
+STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer"
 
 
 def answer_is_exact(prediction: str, reference: str) -> bool:
