@@ -16,6 +16,7 @@
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
     python -m course kernels                      # the CPU kernel families torch runs on this machine
     python -m course grade-class 14 DIR           # every submission of a class: parallel, confined, resumable
+    python -m course chat --weights out/full_sft_128.pth   # talk to a model: one line per turn, empty line ends
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ from .input_errors import InputError, refuse
 from .runs.kernels import available_families
 from .runs.threads import positive_integer
 from .scaffold import new_lesson
+from .input_errors import InputError, refuse
+from .trainers.chat import add_chat_arguments, chat
 
 
 def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False,
@@ -368,6 +371,13 @@ def add_grade_class_parser(sub) -> None:
     grade.set_defaults(func=cmd_grade_class)
 
 
+def cmd_chat(args) -> int:
+    try:
+        return chat(args)
+    except InputError as exc:
+        return refuse(exc)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -419,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
                                              "this CPU's own last")
     kernels.add_argument("--others", action="store_true", help="only the families other than this CPU's own")
     kernels.set_defaults(func=cmd_kernels)
+    chat = sub.add_parser("chat", help="talk to a weights file (e.g. the SFT stage's out/full_sft_128.pth): one "
+                                       "user line per turn on stdin, one answer line each; an empty line ends it")
+    add_chat_arguments(chat)
+    chat.set_defaults(func=cmd_chat)
     new = sub.add_parser("new-lesson", help="write the skeleton of every file a new lesson needs")
     new.add_argument("lesson", help="lesson number, e.g. 17")
     new.add_argument("slug", help="snake_case topic, e.g. lr_warmup: files are named <lesson>_<slug>")

@@ -76,12 +76,16 @@ def graded(impl_module, impl_name):
 # --- scheduling `python -m pytest -n auto` (pytest-xdist, --dist loadgroup) ---------------------------------
 # Tests of one group run on one worker, in collection order. A group keeps together the tests that share an
 # expensive fixture (their module's), a run (tests/doc_runs.py: the notebook tests build on the README's
-# `python -m course release`, the stage-assembly tests read the main job's output) or files: the documented
-# commands of one text run in order, and a command that resumes from another's folder under out/ joins that
-# command's group; the release rewrites the committed notebooks that the new-lesson test copies. The slowest
-# groups start first, so that both workers finish together.
+# `python -m course release`, the stage-assembly tests and lesson 17's claim read the main job's output) or
+# files: the documented commands of one text run in order, the main job's second stage and the chat join the main
+# job, and a command that resumes from another's folder under out/ joins that command's group; the release
+# rewrites the committed notebooks that the new-lesson test copies. The slowest groups start first, so that both
+# workers finish together.
 MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~2 minutes alone
+# The main job's second stage reads its out/pretrain_128.pth, the chat the second stage's out/full_sft_128.pth
+AFTER_MAIN_JOB = re.compile(r"impl/train_full_sft_impl\.py|--weights out/full_sft_")
 RELEASE = "python -m course release"
+SFT_CLAIM_TEST = "test_the_documented_path_answers_most_heldout_questions"   # tests/test_sft_stage.py
 OUT_FOLDER = re.compile(r"--(?:save-dir|out_dir|out|resume)\s+(out/[^/\s]+)")
 
 
@@ -92,14 +96,19 @@ def _groups(items) -> dict[str, str]:
         if item.path.name == "test_docs_commands.py" and item.originalname == "test_command_runs":
             command = item.callspec.params["command"]
             folders = OUT_FOLDER.findall(command)
-            group = {MAIN_JOB: "main job", RELEASE: "notebooks"}.get(command) or next(
-                (writers[f] for f in folders if f in writers), f"documented commands of {item.callspec.params['source']}")
+            if command == MAIN_JOB or AFTER_MAIN_JOB.search(command):
+                group = "main job"
+            elif command == RELEASE:
+                group = "notebooks"
+            else:
+                group = next((writers[f] for f in folders if f in writers),
+                             f"documented commands of {item.callspec.params['source']}")
             for folder in folders:
                 writers.setdefault(folder, group)
         elif item.path.name in ("test_notebooks.py", "test_lessons_complete.py"):
             group = "notebooks"
-        elif item.path.name == "test_stage_assembly.py":   # reads the main job's run (tests/doc_runs.py shares it)
-            group = "main job"
+        elif item.path.name == "test_stage_assembly.py" or item.originalname == SFT_CLAIM_TEST:
+            group = "main job"   # they read the main job's runs (tests/doc_runs.py shares them)
         elif item.path.name in ("test_hint_rules.py", "test_lesson16_rule_hints.py"):   # read the mistakes' results
             group = "test_mistakes.py"                                                   # (tests/mistake_results.py)
         else:

@@ -50,6 +50,8 @@ SYSTEM_PROMPTS = (
 ADD_SYSTEM_RATIO = 0.2
 EMPTY_THINK_RATIO = 0.2
 EMPTY_THINK_BLOCK = "<think>\n\n</think>\n\n"
+# The template's add_generation_prompt when open_thinking is not set (upstream's eval_llm.py): an empty think block.
+GENERATION_PROMPT = "<|im_start|>assistant\n" + EMPTY_THINK_BLOCK
 # The fields of a message upstream's SFTDataset reads (its datasets Features); absent ones read as None.
 MESSAGE_FIELDS = ("role", "content", "reasoning_content", "tools", "tool_calls")
 
@@ -83,10 +85,11 @@ def assistant_turn(message: dict) -> str:
             + "<|im_end|>\n")
 
 
-def render_chat(messages: list[dict]) -> str:
-    """MiniMind's chat template (``apply_chat_template(messages, tokenize=False, add_generation_prompt=False)``)
+def render_chat(messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """MiniMind's chat template (``apply_chat_template(messages, tokenize=False, add_generation_prompt=...)``)
     for system, user and assistant messages. A system message opens the prompt only when it comes first
-    (later ones render like user turns); a message with any other role is dropped, as the template drops it."""
+    (later ones render like user turns); a message with any other role is dropped, as the template drops it.
+    ``add_generation_prompt`` appends what opens the assistant's answer without thinking (``GENERATION_PROMPT``)."""
     if not messages:
         raise ValueError("messages: empty; the chat template needs at least one message")
     for number, message in enumerate(messages):
@@ -105,7 +108,7 @@ def render_chat(messages: list[dict]) -> str:
             parts.append(f"<|im_start|>{role}\n" + text_or_empty(message.get("content")) + "<|im_end|>\n")
         elif role == "assistant":
             parts.append(assistant_turn(message))
-    return "".join(parts)
+    return "".join(parts) + (GENERATION_PROMPT if add_generation_prompt else "")
 
 
 def pre_processing_chat(conversations: list[dict], rng: random.Random,
@@ -167,12 +170,17 @@ def assistant_markers(tokenizer) -> tuple[list[int], list[int]]:
             tokenizer(f"{tokenizer.eos_token}\n", add_special_tokens=False).input_ids)
 
 
-def encode_prompt(prompt: str, tokenizer, max_length: int) -> tuple[list[int], list[int]]:
-    """``SFTDataset``'s sample from its text: ``(input_ids, labels)``, cut to ``max_length`` and right-padded."""
+def padded_prompt_ids(prompt: str, tokenizer, max_length: int) -> list[int]:
+    """``SFTDataset``'s input_ids of a text: its ids cut to ``max_length`` and right-padded with the pad id."""
     # Upstream calls tokenizer(prompt), add_special_tokens=True by default; MiniMind's tokenizer.json
     # has no post-processor, so that adds nothing: the ids of the text alone.
     input_ids = tokenizer(prompt, add_special_tokens=False).input_ids[:max_length]
-    input_ids = input_ids + [tokenizer.pad_token_id] * (max_length - len(input_ids))
+    return input_ids + [tokenizer.pad_token_id] * (max_length - len(input_ids))
+
+
+def encode_prompt(prompt: str, tokenizer, max_length: int) -> tuple[list[int], list[int]]:
+    """``SFTDataset``'s sample from its text: ``(input_ids, labels)``, cut to ``max_length`` and right-padded."""
+    input_ids = padded_prompt_ids(prompt, tokenizer, max_length)
     return input_ids, sft_labels(input_ids, *assistant_markers(tokenizer), max_length)
 
 

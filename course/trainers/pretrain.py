@@ -77,16 +77,15 @@ def decode(tokenizer, ids) -> str:
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0) -> str:
-    """The prompt and its continuation (no KV cache), up to max_new_tokens or eos; the model sees at most the last
-    max_seq_len tokens, the length it was trained on, and the output layer runs on the last position alone (the
-    6400-way projection of every position is most of a forward pass; only the last predicts the next token).
-    temperature 0: greedy (argmax at each position); else a draw from softmax(logits / temperature) over the
-    top_k most likely tokens (0: all), by a generator seeded with ``seed``, so the same weights give the same
-    sample."""
+def generate_ids(model, ids: list[int], max_new_tokens: int, max_seq_len: int, device, stop_id: int,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> list[int]:
+    """The ids that continue ``ids`` (no KV cache), up to max_new_tokens or ``stop_id`` (not returned); the model
+    sees at most the last max_seq_len tokens, the length it was trained on, and the output layer runs on the last
+    position alone (the 6400-way projection of every position is most of a forward pass; only the last predicts
+    the next token). temperature 0: greedy (argmax at each position); else a draw from softmax(logits /
+    temperature) over the top_k most likely tokens (0: all), then over the fewest of those whose probabilities
+    sum to top_p (1.0: all), by a generator seeded with ``seed``, so the same weights give the same sample."""
     model.eval()
-    ids = [tokenizer.bos_token_id] + tokenizer.encode(prompt)
     new = []
     generator = torch.Generator().manual_seed(seed)
     for _ in range(max_new_tokens):
@@ -96,13 +95,23 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: in
         if temperature > 0:
             kept = torch.topk(logits, top_k) if top_k else torch.sort(logits, descending=True)
             probs = torch.softmax(kept.values / temperature, dim=-1)
+            if top_p < 1.0:  # the nucleus: each token whose more likely ones sum to less than top_p
+                probs[1:][torch.cumsum(probs, 0)[:-1] >= top_p] = 0.0
             token = int(kept.indices[torch.multinomial(probs, 1, generator=generator)])
         else:
             token = int(logits.argmax())
-        if token == tokenizer.eos_token_id:
+        if token == stop_id:
             break
         new.append(token)
     model.train()
+    return new
+
+
+def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: int, device, temperature: float = 0.0,
+             top_k: int = 0, seed: int = 0) -> str:
+    """The prompt and its continuation after bos, up to max_new_tokens or eos (``generate_ids``)."""
+    new = generate_ids(model, [tokenizer.bos_token_id] + tokenizer.encode(prompt), max_new_tokens, max_seq_len,
+                       device, tokenizer.eos_token_id, temperature=temperature, top_k=top_k, seed=seed)
     return prompt + decode(tokenizer, new)
 
 
@@ -124,16 +133,20 @@ def plot_losses(train_loss, val_loss, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(path: Path, config: dict, metrics: dict) -> None:
-    """A markdown report card of the run: its configuration, tokens/s, the losses at each evaluation, the loss
-    figure (linked relative to ``path``) and the samples."""
+def write_report(path: Path, config: dict, metrics: dict, title: str = "Pretraining run",
+                 trained_in: str = "train_one_epoch", results: tuple[str, ...] = ()) -> None:
+    """A markdown report card of the run: its configuration, tokens/s (in the ``trained_in`` function), the
+    ``results`` lines, the losses at each evaluation, the loss figure (linked relative to ``path``) and the
+    samples."""
     train, val = dict(metrics["train_loss"]), dict(metrics["val_loss"])
     figure = os.path.relpath(metrics["figure"], path.parent)
-    lines = ["# Pretraining run", "", "| setting | value |", "| --- | --- |"]
+    lines = [f"# {title}", "", "| setting | value |", "| --- | --- |"]
     lines += [f"| {name} | {value} |" for name, value in config.items()]
-    lines += ["", f"{metrics['tokens_per_second']:,.0f} tokens/s in train_one_epoch", "",
-              "| update | train loss | val loss |", "| ---: | ---: | ---: |"]
-    lines += [f"| {update} | {_cell(train, update)} | {_cell(val, update)} |" for update, _ in metrics["samples"]]
+    lines += ["", f"{metrics['tokens_per_second']:,.0f} tokens/s in {trained_in}", ""]
+    lines += [*results, ""] if results else []
+    lines += ["| update | train loss | val loss |", "| ---: | ---: | ---: |"]
+    evaluated = sorted(set(val) | {update for update, _ in metrics["samples"]})
+    lines += [f"| {update} | {_cell(train, update)} | {_cell(val, update)} |" for update in evaluated]
     lines += ["", f"![train and validation loss]({figure})", "", "## Samples", ""]
     drawn = dict(metrics["drawn_samples"])
     for update, text in metrics["samples"]:

@@ -1,0 +1,140 @@
+"""The SFT stage's reusable pieces (``impl/train_full_sft_impl.py``, lesson 17, and ``python -m course chat``):
+conversations labelled by an ``assistant_labels``, their micro-batches, the assistant's answer to a conversation,
+the held-out exact-answer score, and a model read from a weights file whatever its shape."""
+from __future__ import annotations
+
+import re
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from course.implementations import REPO_ROOT, load_module
+from course.input_errors import InputError
+from course.minimind import MiniMindConfig, MiniMindForCausalLM
+from course.minimind.dataset import JsonlRecords
+from course.minimind.sft import SFTDataset, padded_prompt_ids, parse_conversations, read_state_dict, render_chat
+from course.protocol.text import TextBatch, shifted_target_count
+from course.trainers.pretrain import decode, generate_ids
+
+# The built-in chat corpus and its scoring rule (labs/data/make_sft_stories.py writes both files).
+STORIES_CHATS = load_module(REPO_ROOT / "labs" / "data" / "make_sft_stories.py", "make_sft_stories")
+STORIES_SFT_CORPUS = STORIES_CHATS.TRAIN_OUT
+STORIES_SFT_HELDOUT = STORIES_CHATS.HELDOUT_OUT
+# The word-level tokenizer of the stories corpora (labs/data/make_stories_tokenizer.py): the stories models' own.
+STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer"
+
+
+def answer_is_exact(prediction: str, reference: str) -> bool:
+    """The held-out score of one answer: the chat corpus's own rule (case, punctuation and spacing ignored)."""
+    return STORIES_CHATS.answer_matches(prediction, reference)
+
+
+class AssistantMaskedDataset(SFTDataset):
+    """Upstream's ``SFTDataset`` (its chat template, random system prompts and think-block removal, cut and
+    padding) with the labels of ``assistant_labels`` (lesson 17 §5.1) in place of upstream's own."""
+
+    def __init__(self, jsonl_path, tokenizer, max_length: int, assistant_labels, rng=None, **ratios):
+        super().__init__(jsonl_path, tokenizer, max_length, rng, **ratios)
+        self.assistant_labels = assistant_labels
+
+    def encode_prompt(self, prompt: str) -> tuple[torch.Tensor, torch.Tensor]:
+        input_ids = padded_prompt_ids(prompt, self.tokenizer, self.max_length)
+        labels = self.assistant_labels(list(input_ids), list(self.assistant_start_ids), list(self.end_ids))
+        if len(labels) != len(input_ids):
+            raise ValueError(f"assistant_labels returned {len(labels)} labels for {len(input_ids)} input_ids")
+        return torch.tensor(input_ids, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+def trimmed(input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch cut after its last target: the positions after it feed no loss (the model is causal), so the
+    loss and its gradients are unchanged, and a batch of short conversations costs what they hold, not
+    max_seq_len (upstream pads every sample to max_seq_len)."""
+    targets = (labels != -100).any(dim=0).nonzero()
+    end = int(targets[-1]) + 1 if len(targets) else 1
+    return input_ids[:, :end], labels[:, :end]
+
+
+def micro_batches(dataset, order: list[int], batch_size: int) -> Iterator[TextBatch]:
+    """The ``TextBatch``es of ``dataset``'s samples in ``order``, ``batch_size`` at a time (the last may be
+    smaller), trimmed after their last target."""
+    for start in range(0, len(order), batch_size):
+        samples = [dataset[i] for i in order[start:start + batch_size]]
+        input_ids, labels = trimmed(torch.stack([ids for ids, _ in samples]), torch.stack([y for _, y in samples]))
+        yield TextBatch(input_ids, labels, shifted_target_count(labels))
+
+
+def validation_batches(dataset, batch_size: int) -> list:
+    """``(input_ids, labels)`` batches of the whole of ``dataset``, in order, trimmed after their last target."""
+    return [trimmed(input_ids, labels) for input_ids, labels in DataLoader(dataset, batch_size=batch_size)]
+
+
+def answer(model, tokenizer, messages: list[dict], max_new_tokens: int, max_seq_len: int, device,
+           temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> str:
+    """The assistant's next turn after ``messages`` (the last one the user's), prompted as upstream's chat
+    template prompts it (``add_generation_prompt``); greedy unless ``temperature`` > 0 (then seeded)."""
+    ids = tokenizer(render_chat(messages, add_generation_prompt=True), add_special_tokens=False).input_ids
+    new = generate_ids(model, ids, max_new_tokens, max_seq_len, device, tokenizer.eos_token_id,
+                       temperature=temperature, top_p=top_p, seed=seed)
+    return decode(tokenizer, new).strip()
+
+
+def heldout_questions(path) -> list[tuple[list[dict], str]]:
+    """Every assistant turn of a chat jsonl as ``(the messages before it, its content)``: the reference answers
+    of earlier turns stay in the history, so each question is scored on its own."""
+    records = JsonlRecords(path, parse_conversations)
+    return [(conversation[:i], message["content"])
+            for conversation in map(records.__getitem__, range(len(records)))
+            for i, message in enumerate(conversation) if message["role"] == "assistant"]
+
+
+def last_question(messages: list[dict]) -> str:
+    """The last line of the last user turn: the question, without the story before it."""
+    return messages[-1]["content"].splitlines()[-1]
+
+
+def exact_answers(predictions: list[str], references: list[str]) -> int:
+    """How many predictions equal their reference answer (``answer_is_exact``)."""
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    return sum(map(answer_is_exact, predictions, references))
+
+
+def score_line(matches: int, total: int) -> str:
+    return f"held-out exact answers: {matches}/{total} ({100 * matches / total:.1f} %)"
+
+
+LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
+EXPERT_KEY = re.compile(r"model\.layers\.0\.mlp\.experts\.(\d+)\.")
+
+
+def config_of(state_dict: dict) -> MiniMindConfig:
+    """The shape of the model a state dict holds: vocabulary and hidden size from the embedding, the layers and
+    experts from the key names; every other field is MiniMind's default (a file that differs there does not load)."""
+    embedding = state_dict.get("model.embed_tokens.weight")
+    if not isinstance(embedding, torch.Tensor) or embedding.dim() != 2:
+        raise InputError("holds no model.embed_tokens.weight matrix: not a MiniMind state dict (a resume "
+                         "checkpoint keeps it under 'model')")
+    layers = {int(m[1]) for m in map(LAYER_KEY.match, state_dict) if m}
+    experts = {int(m[1]) for m in map(EXPERT_KEY.match, state_dict) if m}
+    try:
+        return MiniMindConfig(vocab_size=embedding.shape[0], hidden_size=embedding.shape[1],
+                              num_hidden_layers=max(layers, default=-1) + 1, use_moe=bool(experts),
+                              num_experts=len(experts) or MiniMindConfig.num_experts)
+    except ValueError as exc:
+        raise InputError(f"no MiniMind model has this shape ({exc})") from None
+
+
+def model_from_weights(path, flag: str) -> MiniMindForCausalLM:
+    """The fp32 model a weights file holds (either dtype, every key of the model and no other, each of its
+    shape), in eval mode; anything else is an InputError naming ``flag``."""
+    try:
+        state_dict = read_state_dict(path)
+        model = MiniMindForCausalLM(config_of(state_dict))
+        model.load_state_dict(state_dict)
+    except InputError as exc:
+        raise InputError(f"{flag} {path}: {exc}") from None
+    except RuntimeError as exc:  # load_state_dict: missing or unexpected keys, shapes that differ
+        raise InputError(f"{flag} {path}: not a weights file of a MiniMind model ({' '.join(str(exc).split())})"
+                         ) from None
+    return model.eval()
