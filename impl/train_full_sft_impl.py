@@ -32,7 +32,7 @@ import torch
 from course.implementations import add_impl_arguments, load_implementation
 from course.input_errors import InputError, refusing_input_errors
 from course.minimind import SFTDataset, get_lr, setup_seed
-from course.minimind.sft import ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, save_weights_like_upstream
+from course.minimind.sft import ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, read_state_dict, save_weights_like_upstream
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger
 from course.runs.threads import add_threads_argument, cpu_threads
@@ -184,6 +184,18 @@ def train(args) -> int:
     return 0
 
 
+def vocabulary_mismatch(args) -> str:
+    """Why a weights file may not fit, when the reason is its tokenizer: '' otherwise."""
+    try:
+        rows = read_state_dict(args.from_weight)["model.embed_tokens.weight"].shape[0]
+    except (InputError, KeyError, AttributeError, IndexError):
+        return ""
+    if rows == args.vocab_size:
+        return ""
+    return (f" (its vocabulary has {rows} tokens, this run's tokenizer {args.vocab_size}: pretrain and fine-tune "
+            f"with the same --tokenizer_path, e.g. rerun `python impl/train_pretrain_impl.py --impl reference`)")
+
+
 def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> Stage:
     """The pretrained model (through your load_pretrained_weights), your TrainingSession and the data."""
     model, optimizer, scaler, autocast_ctx = build_training(args)
@@ -192,7 +204,7 @@ def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> S
     except NotImplementedError:  # a RuntimeError, but the stub's TODO, not the file's fault
         raise
     except (ValueError, RuntimeError) as exc:  # a file that does not fit the model (InputError is a ValueError)
-        raise InputError(f"--from_weight {args.from_weight}: {exc}") from None
+        raise InputError(f"--from_weight {args.from_weight}: {exc}{vocabulary_mismatch(args)}") from None
     session = session_impl.TrainingSession(model, optimizer, accumulation_steps=args.accumulation_steps,
                                            scaler=scaler, autocast=autocast_ctx)
     ratios = dict(add_system_ratio=args.add_system_ratio, empty_think_ratio=args.empty_think_ratio)

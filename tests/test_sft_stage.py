@@ -125,12 +125,14 @@ def test_untouched_stubs_stop_with_the_todo_message(tiny_inputs, tmp_path):
     assert not out_dir.exists(), f"ACTUAL {sorted(out_dir.iterdir())} written, EXPECTED nothing"
 
 
-@pytest.mark.parametrize("case", ["missing weights", "foreign weights", "weights of another shape", "bad flag"])
+@pytest.mark.parametrize("case", ["missing weights", "foreign weights", "weights of another shape",
+                                  "weights of another tokenizer", "bad flag"])
 def test_bad_input_is_one_line_naming_the_argument_and_writes_nothing(case, tiny_inputs, tmp_path):
     weights, extra, flag = {
         "missing weights": (tmp_path / "none.pth", [], "--from_weight"),
         "foreign weights": (tmp_path / "foreign.pth", [], "--from_weight"),
         "weights of another shape": (tiny_weights(tmp_path / "wide.pth", hidden_size=48), [], "--from_weight"),
+        "weights of another tokenizer": (tiny_weights(tmp_path / "bytes.pth", vocab_size=6400), [], "--from_weight"),
         "bad flag": (tiny_inputs.weights, ["--batch_size", "0"], "--batch_size"),
     }[case]
     if case == "foreign weights":
@@ -143,6 +145,8 @@ def test_bad_input_is_one_line_naming_the_argument_and_writes_nothing(case, tiny
     lines = run.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), f"stderr ACTUAL {run.err!r}, EXPECTED one line " \
                                                                       f"'error: {flag} ...'"
+    if case == "weights of another tokenizer":   # the likely cause named: a pretrain run with the byte tokenizer
+        assert "its vocabulary has 6400 tokens" in lines[0] and "--tokenizer_path" in lines[0], lines[0]
     assert not out_dir.exists(), f"ACTUAL {sorted(out_dir.iterdir())} written, EXPECTED nothing"
 
 
