@@ -48,6 +48,8 @@ from course.trainers.pretrain import (Throughput, closed_updates, counted, gener
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
 STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
+# Written by labs/data/make_stories_tokenizer.py: upstream's BPE recipe on the stories, 699 tokens, about one a word.
+STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"
 
 
 # --preset: the defaults of everything below. "stories" learns to write the corpus's words in one epoch of 357
@@ -63,7 +65,7 @@ TINY_MODEL = dict(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDE
 PRESETS = {
     "stories": dict(TINY_MODEL, hidden_size=128, num_hidden_layers=1, epochs=1, batch_size=8, accumulation_steps=1,
                     log_interval=100, learning_rate=2e-3, max_seq_len=96, data_path=str(STORIES_CORPUS),
-                    val_fraction=0.05, eval_interval=120),
+                    tokenizer_path=str(STORIES_TOKENIZER), val_fraction=0.05, eval_interval=120),
     "tiny": dict(TINY_MODEL, epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
                  max_seq_len=64, data_path=str(TINY_CORPUS), val_fraction=0.0),
     "minimind": dict(hidden_size=768, num_hidden_layers=8, epochs=2, batch_size=32, accumulation_steps=8,
