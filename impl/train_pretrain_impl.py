@@ -52,15 +52,15 @@ STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
 STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"
 
 
-# --preset: the defaults of everything below. "stories" learns to write the corpus's words in one epoch of 357
-# updates (about a minute on one CPU thread, lesson 14 §8): hidden size 128 and one layer (the 6400-way output
-# layer costs most of a step, so width is cheap; a second layer costs 40 % more per step and, measured, learned
-# no faster per update), max_seq_len 96 (holds 55 % of the texts whole; the prompt and its sample fit), K = 1
-# and lr 2e-3 (more, smaller updates learn faster per second than accumulated ones here: lesson 14 §8 gives the
-# measurements); "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the
-# stories corpus; "minimind" is upstream's pretrain run (trainer/train_pretrain.py's defaults) on upstream's
-# data and tokenizer, which it cannot default to. max_seq_len is 768, what upstream's README recommends for
-# pretrain_t2t_mini.jsonl (its trainer's default is 340).
+# --preset: the defaults of everything below. "stories" learns to write the corpus's sentences in one epoch of 357
+# updates (about half a minute on one CPU thread, lesson 14 §8) with the stories tokenizer (699 tokens, about one
+# per word): hidden size 128 and one layer (a second one, measured, costs about 50 % more per step and ends higher
+# after these updates), max_seq_len 96 (every text fits whole, the longest is 45 tokens, and so do the prompt and
+# its 64-token sample), K = 1 and lr 2e-3 (more, smaller updates learn faster per second than accumulated ones
+# here: lesson 14 §8 gives the measurements); "tiny" is lessons 14-16's run on the tiny corpus with the byte
+# tokenizer (no validation), the defaults before the stories corpus; "minimind" is upstream's pretrain run
+# (trainer/train_pretrain.py's defaults) on upstream's data and tokenizer, which it cannot default to. max_seq_len
+# is 768, what upstream's README recommends for pretrain_t2t_mini.jsonl (its trainer's default is 340).
 TINY_MODEL = dict(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0)
 PRESETS = {
     "stories": dict(TINY_MODEL, hidden_size=128, num_hidden_layers=1, epochs=1, batch_size=8, accumulation_steps=1,

@@ -80,7 +80,7 @@ def graded(impl_module, impl_name):
 # commands of one text run in order, and a command that resumes from another's folder under out/ joins that
 # command's group; the release rewrites the committed notebooks that the new-lesson test copies. The slowest
 # groups start first, so that both workers finish together.
-MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~2 minutes alone
+MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~35 s alone
 RELEASE = "python -m course release"
 OUT_FOLDER = re.compile(r"--(?:save-dir|out_dir|out|resume)\s+(out/[^/\s]+)")
 
