@@ -80,8 +80,9 @@ def parse_args(argv=None):
     parser = oracle_parser()  # upstream's flags
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("--preset", choices=sorted(PRESETS), default="stories",
-                        help="defaults: stories (the built-in stories corpus, with validation), tiny "
-                             "(lessons 14-16's tiny corpus, no validation) or minimind (upstream's pretrain "
+                        help="defaults: stories (the built-in stories corpus and its tokenizer, with "
+                             "validation), tiny (lessons 14-16's tiny corpus and the byte tokenizer, no "
+                             "validation) or minimind (upstream's pretrain "
                              "configuration; needs --data_path and --tokenizer_path); explicit flags override them")
     parser.add_argument("--val_fraction", type=float,
                         help="share of the data (its last lines) held out for validation; 0: no validation")
