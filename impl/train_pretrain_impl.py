@@ -48,22 +48,24 @@ from course.trainers.pretrain import (Throughput, closed_updates, counted, gener
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
 STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
+# Written by labs/data/make_stories_tokenizer.py: upstream's BPE recipe on the stories, 699 tokens, about one a word.
+STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"
 
 
-# --preset: the defaults of everything below. "stories" learns to write the corpus's words in one epoch of 357
-# updates (about a minute on one CPU thread, lesson 14 §8): hidden size 128 and one layer (the 6400-way output
-# layer costs most of a step, so width is cheap; a second layer costs 40 % more per step and, measured, learned
-# no faster per update), max_seq_len 96 (holds 55 % of the texts whole; the prompt and its sample fit), K = 1
-# and lr 2e-3 (more, smaller updates learn faster per second than accumulated ones here: lesson 14 §8 gives the
-# measurements); "tiny" is lessons 14-16's run on the tiny corpus (no validation), the defaults before the
-# stories corpus; "minimind" is upstream's pretrain run (trainer/train_pretrain.py's defaults) on upstream's
-# data and tokenizer, which it cannot default to. max_seq_len is 768, what upstream's README recommends for
-# pretrain_t2t_mini.jsonl (its trainer's default is 340).
+# --preset: the defaults of everything below. "stories" learns to write the corpus's sentences in one epoch of 357
+# updates (about half a minute on one CPU thread, lesson 14 §8) with the stories tokenizer (699 tokens, about one
+# per word): hidden size 128 and one layer (a second one, measured, costs about 50 % more per step and ends higher
+# after these updates), max_seq_len 96 (every text fits whole, the longest is 45 tokens, and so do the prompt and
+# its 64-token sample), K = 1 and lr 2e-3 (more, smaller updates learn faster per second than accumulated ones
+# here: lesson 14 §8 gives the measurements); "tiny" is lessons 14-16's run on the tiny corpus with the byte
+# tokenizer (no validation), the defaults before the stories corpus; "minimind" is upstream's pretrain run
+# (trainer/train_pretrain.py's defaults) on upstream's data and tokenizer, which it cannot default to. max_seq_len
+# is 768, what upstream's README recommends for pretrain_t2t_mini.jsonl (its trainer's default is 340).
 TINY_MODEL = dict(hidden_size=TINY_HIDDEN_SIZE, num_hidden_layers=TINY_NUM_HIDDEN_LAYERS, save_interval=0)
 PRESETS = {
     "stories": dict(TINY_MODEL, hidden_size=128, num_hidden_layers=1, epochs=1, batch_size=8, accumulation_steps=1,
                     log_interval=100, learning_rate=2e-3, max_seq_len=96, data_path=str(STORIES_CORPUS),
-                    val_fraction=0.05, eval_interval=120),
+                    tokenizer_path=str(STORIES_TOKENIZER), val_fraction=0.05, eval_interval=120),
     "tiny": dict(TINY_MODEL, epochs=2, batch_size=8, accumulation_steps=4, log_interval=5, learning_rate=5e-4,
                  max_seq_len=64, data_path=str(TINY_CORPUS), val_fraction=0.0),
     "minimind": dict(hidden_size=768, num_hidden_layers=8, epochs=2, batch_size=32, accumulation_steps=8,
@@ -78,8 +80,9 @@ def parse_args(argv=None):
     parser = oracle_parser()  # upstream's flags
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("--preset", choices=sorted(PRESETS), default="stories",
-                        help="defaults: stories (the built-in stories corpus, with validation), tiny "
-                             "(lessons 14-16's tiny corpus, no validation) or minimind (upstream's pretrain "
+                        help="defaults: stories (the built-in stories corpus and its tokenizer, with "
+                             "validation), tiny (lessons 14-16's tiny corpus and the byte tokenizer, no "
+                             "validation) or minimind (upstream's pretrain "
                              "configuration; needs --data_path and --tokenizer_path); explicit flags override them")
     parser.add_argument("--val_fraction", type=float,
                         help="share of the data (its last lines) held out for validation; 0: no validation")

@@ -3,7 +3,7 @@
     python labs/bench_main_job.py               # one run of: python impl/train_pretrain_impl.py --impl reference
     python labs/bench_main_job.py --repeats 3   # the median of three
 
-The goal is at most 100 s wall on an idle 2-core machine, ending at a validation loss of at most 1.0 with a
+The goal is at most 100 s wall on an idle 2-core machine, ending at a validation loss of at most 1.1 with a
 readable sample (tests/test_stage_assembly.py checks those claims in every suite run; the time is measured
 here, not in a test). Run it on an idle machine: a second busy process slows a one-thread job by 10-30 %.
 """

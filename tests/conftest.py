@@ -81,7 +81,7 @@ def graded(impl_module, impl_name):
 # job, and a command that resumes from another's folder under out/ joins that command's group; the release
 # rewrites the committed notebooks that the new-lesson test copies. The slowest groups start first, so that both
 # workers finish together.
-MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~2 minutes alone
+MAIN_JOB = "python impl/train_pretrain_impl.py --impl reference"     # the README's main job: ~35 s alone
 # The main job's second stage reads its out/pretrain_128.pth, the chat the second stage's out/full_sft_128.pth
 AFTER_MAIN_JOB = re.compile(r"impl/train_full_sft_impl\.py|--weights out/full_sft_")
 RELEASE = "python -m course release"

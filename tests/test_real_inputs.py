@@ -271,6 +271,22 @@ def test_preset_minimind_is_upstreams_pretrain_configuration(tmp_path):
                  ("data.jsonl", "model"))
 
 
+def test_preset_stories_defaults_to_the_stories_tokenizer_and_tiny_keeps_the_byte_one():
+    """The stories preset reads labs/data/stories_tokenizer (upstream's BPE recipe on the stories: 699 tokens,
+    specials at 0, 1, 2); --tokenizer_path overrides it; the tiny preset keeps the built-in byte tokenizer."""
+    stories = STAGE.parse_args([])
+    expect_equal("--preset stories tokenizer_path", stories.tokenizer_path,
+                 str(REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"))
+    tokenizer = load_tokenizer(stories.tokenizer_path)
+    expect_equal("stories tokenizer: (vocabulary, pad, bos, eos ids)",
+                 (tokenizer.vocab_size, tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id),
+                 (699, 0, 1, 2))
+    expect_equal("--tokenizer_path over the preset", STAGE.parse_args(["--tokenizer_path", "model"]).tokenizer_path,
+                 "model")
+    expect_equal("--preset tiny tokenizer_path (the byte tokenizer)",
+                 STAGE.parse_args(["--preset", "tiny"]).tokenizer_path, None)
+
+
 @pytest.mark.parametrize("given", [[], ["--tokenizer_path", "model"], ["--data_path", "data.jsonl"]],
                          ids=["neither", "no_data_path", "no_tokenizer_path"])
 def test_preset_minimind_without_upstreams_inputs_is_one_line(capsys, given):

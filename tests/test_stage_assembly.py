@@ -77,11 +77,11 @@ def test_metrics_json_schema(short_run):
 
 
 def test_val_loss_decreases(short_run):
-    """8 updates at lr 1e-2 on a 200-line slice: the validation loss starts near ln(6400) = 8.76 (an untrained
-    model) and must fall by at least 1.5 nats (measured: 8.77 -> 6.79)."""
+    """8 updates at lr 1e-2 on a 200-line slice: the validation loss starts near ln(699) = 6.55 (an untrained
+    model over the stories tokenizer's 699 tokens) and must fall by at least 1 nat (measured: 6.55 -> 5.31)."""
     val = [loss for _, loss in short_run.metrics["val_loss"]]
-    assert abs(val[0] - 8.764) < 0.05, f"first val loss ACTUAL {val[0]:.4f}, EXPECTED ln(6400) = 8.764 +- 0.05"
-    assert val[-1] < val[0] - 1.5, f"val loss ACTUAL {val}, EXPECTED the last at least 1.5 below the first"
+    assert abs(val[0] - 6.550) < 0.05, f"first val loss ACTUAL {val[0]:.4f}, EXPECTED ln(699) = 6.550 +- 0.05"
+    assert val[-1] < val[0] - 1.0, f"val loss ACTUAL {val}, EXPECTED the last at least 1 below the first"
 
 
 def test_train_loss_is_the_mean_over_each_updates_micro_batches(short_run):
@@ -152,13 +152,14 @@ WORD = re.compile(r"[A-Za-z]+|\d+")
 
 def test_the_default_job_learns_to_write_the_corpus_words():
     """The stories preset's run (shared with the docs test that runs the same command): a final validation loss
-    of at most 1.0 nat per byte, and a last greedy sample of at least 8 words, at least 90 % of them words of
-    the corpus (read here from the jsonl), none three times in a row; its report card holds the loss table."""
+    of at most 1.1 nats per token (measured 1.0039-1.0040 across default/avx2 kernels x 1/2 threads; untrained:
+    6.58), and a last greedy sample of at least 8 words, at least 90 % of them words of the corpus (read here
+    from the jsonl), none three times in a row; its report card holds the loss table."""
     proc = run_documented(DEFAULT_JOB)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()  # also splits the progress bar's \r
     val = [(int(m[1]), float(m[2])) for m in map(re.compile(r"update (\d+): val_loss ([\d.]+)").fullmatch, lines) if m]
-    assert val and val[-1][1] <= 1.0, f"final val loss ACTUAL {val[-1:]}, EXPECTED <= 1.0"
+    assert val and val[-1][1] <= 1.1, f"final val loss ACTUAL {val[-1:]}, EXPECTED <= 1.1"
     corpus = set()
     for line in (REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl").read_text(encoding="utf-8").splitlines():
         corpus.update(WORD.findall(json.loads(line)["text"]))
@@ -205,3 +206,14 @@ def test_the_stage_reads_top_to_bottom_in_short_functions():
     long = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60}
     expect_equal("functions of impl/train_pretrain_impl.py over 60 lines", long, {})
+
+
+def test_stories_tokenizer_is_what_its_script_writes(tmp_path):
+    """labs/data/stories_tokenizer/tokenizer.json, the stories preset's tokenizer, is reproducible byte for byte
+    from labs/data/make_stories_tokenizer.py (so nobody edits it by hand)."""
+    out = tmp_path / "tokenizer.json"
+    proc = subprocess.run([sys.executable, "labs/data/make_stories_tokenizer.py", str(out)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    committed = (REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json").read_bytes()
+    assert out.read_bytes() == committed, "the committed tokenizer differs from the script's output: rerun it"

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Upstream loads its tokenizer from ../model; here the built-in ByteTokenizer unless given one.
     parser.add_argument("--tokenizer_path", type=str, default=None,
                         help="a tokenizer.json or its directory (MiniMind's model/); default: the built-in "
-                             "byte tokenizer")
+                             "byte tokenizer (the stage assembly: its --preset's)")
     parser.add_argument("--vocab_size", type=int, default=None,
                         help="the model's vocabulary; default: the tokenizer's, and it must equal it")
     return parser
