@@ -36,10 +36,9 @@ from course.minimind.sft import ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, read_state_
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.pretrain import Throughput, plot_losses, validation_loss, write_report
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, STORIES_TOKENIZER, AssistantMaskedDataset,
-                                 answer, exact_answers, heldout_questions, last_question, micro_batches, score_line,
-                                 validation_batches)
+from course.trainers.pretrain import STORIES_TOKENIZER, Throughput, plot_losses, validation_loss, write_report
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer, exact_answers,
+                                 heldout_questions, last_question, micro_batches, score_line, validation_batches)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -42,14 +42,12 @@ from course.runs.distributed import process_group
 from course.runs.threads import add_threads_argument, cpu_threads
 from course.runs.update_plan import UpdatePlan, window_error
 from course.trainers.ddp import check_ranks_agree, mean_over_ranks, sum_over_ranks, sync_only_when_closing
-from course.trainers.pretrain import (Throughput, closed_updates, counted, generate, log_updates, plot_losses, split,
-                                      validation_loss, write_report)
+from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, closed_updates, counted, generate, log_updates,
+                                      plot_losses, split, validation_loss, write_report)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
 STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
-# Written by labs/data/make_stories_tokenizer.py: upstream's BPE recipe on the stories, 699 tokens, about one a word.
-STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"
 
 
 # --preset: the defaults of everything below. "stories" learns to write the corpus's sentences in one epoch of 357

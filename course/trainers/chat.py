@@ -13,7 +13,8 @@ import sys
 from course.input_errors import InputError
 from course.minimind import load_tokenizer
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.sft import STORIES_TOKENIZER, answer, model_from_weights
+from course.trainers.pretrain import STORIES_TOKENIZER
+from course.trainers.sft import answer, model_from_weights
 
 
 def add_chat_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,9 +10,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import Subset
 
+from course.implementations import REPO_ROOT
 from course.minimind import IGNORE_INDEX
 from course.minimind.trainer_utils import Logger
 from course.runs.update_plan import UpdatePlan
+
+# The stories models' own tokenizer, both stages of the main job (labs/data/make_stories_tokenizer.py: upstream's
+# BPE recipe on the stories corpora, 699 tokens, about one a word).
+STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"
 
 
 def split(dataset, val_fraction: float):

@@ -15,14 +15,12 @@ from course.minimind import MiniMindConfig, MiniMindForCausalLM
 from course.minimind.dataset import JsonlRecords
 from course.minimind.sft import SFTDataset, padded_prompt_ids, parse_conversations, read_state_dict, render_chat
 from course.protocol.text import TextBatch, shifted_target_count
-from course.trainers.pretrain import decode, generate_ids
+from course.trainers.pretrain import STORIES_TOKENIZER, decode, generate_ids
 
 # The built-in chat corpus and its scoring rule (labs/data/make_sft_stories.py writes both files).
 STORIES_CHATS = load_module(REPO_ROOT / "labs" / "data" / "make_sft_stories.py", "make_sft_stories")
 STORIES_SFT_CORPUS = STORIES_CHATS.TRAIN_OUT
 STORIES_SFT_HELDOUT = STORIES_CHATS.HELDOUT_OUT
-# The word-level tokenizer of the stories corpora (labs/data/make_stories_tokenizer.py): the stories models' own.
-STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer"
 
 
 def answer_is_exact(prediction: str, reference: str) -> bool:
