@@ -36,9 +36,11 @@ from course.minimind.sft import ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, read_state_
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.pretrain import STORIES_TOKENIZER, Throughput, plot_losses, validation_loss, write_report
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer, exact_answers,
-                                 heldout_questions, last_question, micro_batches, score_line, validation_batches)
+from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, out_file, plot_losses, validation_loss,
+                                      write_report)
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer, config_of,
+                                 exact_answers, heldout_questions, last_question, micro_batches, score_line,
+                                 validation_batches)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,11 +128,6 @@ def parse_args(argv=None):
     return args
 
 
-def out_file(args, weight: str, suffix: str) -> Path:
-    """--out_dir's <weight>_<hidden_size>[_moe]<suffix>, upstream's naming."""
-    return Path(args.out_dir) / f"{weight}_{args.hidden_size}{'_moe' if args.use_moe else ''}{suffix}"
-
-
 @dataclass
 class Stage:
     """The run: built by build_stage, advanced by train_epoch."""
@@ -186,8 +183,8 @@ def train(args) -> int:
 def vocabulary_mismatch(args) -> str:
     """Why a weights file may not fit, when the reason is its tokenizer: '' otherwise."""
     try:
-        rows = read_state_dict(args.from_weight)["model.embed_tokens.weight"].shape[0]
-    except (InputError, KeyError, AttributeError, IndexError):
+        rows = config_of(read_state_dict(args.from_weight)).vocab_size
+    except InputError:
         return ""
     if rows == args.vocab_size:
         return ""

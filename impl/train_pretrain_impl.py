@@ -43,7 +43,7 @@ from course.runs.threads import add_threads_argument, cpu_threads
 from course.runs.update_plan import UpdatePlan, window_error
 from course.trainers.ddp import check_ranks_agree, mean_over_ranks, sum_over_ranks, sync_only_when_closing
 from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, closed_updates, counted, generate, log_updates,
-                                      plot_losses, split, validation_loss, write_report)
+                                      out_file, plot_losses, split, validation_loss, write_report)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
@@ -184,12 +184,6 @@ def is_main_process() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def out_file(args, suffix: str) -> Path:
-    """--out_dir's pretrain_<hidden_size>[_moe]<suffix>, upstream's naming."""
-    moe = "_moe" if args.use_moe else ""
-    return Path(args.out_dir) / f"pretrain_{args.hidden_size}{moe}{suffix}"
-
-
 @refusing_input_errors
 def main(argv=None) -> int:
     """One process as before; under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) one rank of a DDP run:
@@ -238,8 +232,8 @@ def train(args) -> int:
         evaluate(stage)  # the final sample
     finish(stage)
     if stage.is_main:
-        torch.save(stage.model.state_dict(), out_file(args, ".pth"))
-        stage.log(f"saved weights to {out_file(args, '.pth')}")
+        torch.save(stage.model.state_dict(), out_file(args, "pretrain", ".pth"))
+        stage.log(f"saved weights to {out_file(args, 'pretrain', '.pth')}")
     return 0
 
 
@@ -256,7 +250,7 @@ def build_stage(args, train_loop: ModuleType, ckpt: ModuleType | None, tokenizer
     sampler = DistributedSampler(dataset, shuffle=True, seed=42) if dist.is_initialized() else None
     iters = math.ceil((len(dataset) if sampler is None else len(sampler)) / args.batch_size)  # micro-steps per rank
     metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
-               "figure": str(out_file(args, "_loss.png"))}
+               "figure": str(out_file(args, "pretrain", "_loss.png"))}
     return Stage(args=args, train_loop=train_loop, ckpt=ckpt, tokenizer=tokenizer, model=model, optimizer=optimizer,
                  scaler=scaler, autocast_ctx=autocast_ctx, dataset=dataset, val_set=val_set, val_batches=val_batches,
                  sampler=sampler, plan=UpdatePlan(iters, args.accumulation_steps, args.epochs), metrics=metrics)
@@ -332,7 +326,7 @@ def train_epoch(stage: Stage, epoch: int, skip: int) -> bool:
             save_resume_checkpoint(stage, epoch, end)
         if end == stop_step:
             stage.log(f"stopped after {args.stop_after} micro-steps (--stop_after); continue with "
-                      f"--resume {out_file(args, '_resume.pth')}")
+                      f"--resume {out_file(args, 'pretrain', '_resume.pth')}")
             return True
         begin = end
     return False
@@ -396,7 +390,7 @@ def evaluate(stage: Stage) -> None:
 def save_resume_checkpoint(stage: Stage, epoch: int, step: int) -> None:
     """Lesson 15's save_checkpoint at an update boundary. Every rank calls it (each checks its own gradients);
     it writes on rank 0 only, the unwrapped model's state."""
-    args, resume_file = stage.args, out_file(stage.args, "_resume.pth")
+    args, resume_file = stage.args, out_file(stage.args, "pretrain", "_resume.pth")
     # batch_size and accum_steps make the file a legacy (micro-batch) training state for lesson 16's trainer:
     # its migrate_train_state reads the key accum_steps, so that key keeps its name
     stage.ckpt.save_checkpoint(resume_file, model=stage.trained, optimizer=stage.optimizer, scaler=stage.scaler,
@@ -414,7 +408,7 @@ def finish(stage: Stage) -> None:
         return
     metrics["tokens_per_second"] = throughput.per_second()
     plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]))
-    report = Path(stage.args.report) if stage.args.report else out_file(stage.args, "_report.md")
+    report = Path(stage.args.report) if stage.args.report else out_file(stage.args, "pretrain", "_report.md")
     write_report(report, report_config(stage), metrics)
     Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}, "
            f"report in {report}")

@@ -20,6 +20,12 @@ from course.runs.update_plan import UpdatePlan
 STORIES_TOKENIZER = REPO_ROOT / "labs" / "data" / "stories_tokenizer" / "tokenizer.json"
 
 
+def out_file(args, stage: str, suffix: str) -> Path:
+    """--out_dir's <stage>_<hidden_size>[_moe]<suffix>, upstream's naming ("pretrain", "full_sft"): the SFT stage
+    finds the pretrain stage's weights by it."""
+    return Path(args.out_dir) / f"{stage}_{args.hidden_size}{'_moe' if args.use_moe else ''}{suffix}"
+
+
 def split(dataset, val_fraction: float):
     """(train, validation) subsets: the validation set is the last ceil(val_fraction * N) lines."""
     n_val = math.ceil(len(dataset) * val_fraction)
