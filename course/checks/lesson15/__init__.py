@@ -1,12 +1,12 @@
 """Lesson 15: checkpoint and exact resume - the descriptor.
 
-The checks live beside it (``checks`` shared helpers and SkipBatchSampler, ``saving``, ``loading``,
-``resume``), the mistake catalogue in ``mistakes``.
+The checks live beside it (``checks`` shared helpers and SkipBatchSampler, ``saving`` and ``saving_boundary``,
+``loading`` and ``loading_topology``, ``resume``), the mistake catalogue in ``mistakes``.
 """
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import checks, equivalent_mutants, hints, loading, mistakes, resume, saving
+from . import checks, equivalent_mutants, hints, loading, loading_topology, mistakes, resume, saving, saving_boundary
 
 LESSON = Lesson(
     lesson_id="15",
@@ -45,7 +45,7 @@ LESSON = Lesson(
                         "epoch's start); stop, save, load into fresh objects, continue: bitwise the uninterrupted "
                         "run",
     },
-    checks=checks_in(checks, saving, loading, resume),
+    checks=checks_in(checks, saving, saving_boundary, loading, loading_topology, resume),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,

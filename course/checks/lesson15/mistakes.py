@@ -8,22 +8,21 @@ from ..catalogue import equivalent, mistake
 from .checks import (skip_batch_sampler_follows_a_reshuffled_sampler, skip_batch_sampler_matches_upstream,
                      skip_batch_sampler_rejects_bad_arguments, skip_batch_sampler_yields_lists)
 from .loading import (load_checkpoint_names_the_path_and_the_problem, load_checkpoint_never_runs_code_from_the_file,
-                      load_checkpoint_reads_a_file_from_another_device, load_checkpoint_rejects_a_missing_key,
-                      load_checkpoint_rejects_bad_counters, load_checkpoint_rejects_every_foreign_entry,
+                      load_checkpoint_rejects_a_missing_key, load_checkpoint_rejects_every_foreign_entry,
                       load_checkpoint_rejects_foreign_checkpoints, load_checkpoint_rejects_unreadable_files,
-                      load_checkpoint_rescales_step_for_world_size, load_checkpoint_restores_everything,
-                      load_checkpoint_restores_the_whole_grad_scaler)
+                      load_checkpoint_restores_everything, load_checkpoint_restores_the_whole_grad_scaler)
+from .loading_topology import (load_checkpoint_reads_a_file_from_another_device, load_checkpoint_rejects_bad_counters,
+                               load_checkpoint_rescales_step_for_world_size)
 from .resume import (exact_resume_fp32, exact_resume_with_grad_scaler, resume_position_cases,
                      resume_position_rejects_bad_arguments)
 from .saving import (save_checkpoint_cleans_up_after_a_failure,
                      save_checkpoint_creates_the_directory_and_uses_os_replace, save_checkpoint_is_atomic,
-                     save_checkpoint_leaves_its_inputs_unchanged,
-                     save_checkpoint_refuses_every_pending_gradient_with_a_value_error,
-                     save_checkpoint_refuses_pending_gradients, save_checkpoint_rejects_bad_counters,
-                     save_checkpoint_stores_every_extra, save_checkpoint_unwraps_ddp_and_compile,
-                     save_checkpoint_writes_full_state, save_checkpoint_writes_next_to_the_target,
-                     save_checkpoint_writes_on_rank_0_only)
-
+                     save_checkpoint_stores_every_extra, save_checkpoint_writes_full_state,
+                     save_checkpoint_writes_next_to_the_target)
+from .saving_boundary import (save_checkpoint_leaves_its_inputs_unchanged,
+                              save_checkpoint_refuses_every_pending_gradient_with_a_value_error,
+                              save_checkpoint_refuses_pending_gradients, save_checkpoint_rejects_bad_counters,
+                              save_checkpoint_unwraps_ddp_and_compile, save_checkpoint_writes_on_rank_0_only)
 PENDING = "    if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in model.parameters()):\n"
 MKSTEMP = 'fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)'
 LOAD_SCALER = '        scaler.load_state_dict(checkpoint["scaler"])\n'

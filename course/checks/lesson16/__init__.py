@@ -1,15 +1,15 @@
 """Lesson 16: token-weighted accumulation and the single-step TrainingSession - the descriptor.
 
 The checks live beside it (``checks`` the counting functions, ``session``, ``session_updates`` and
-``session_runtime`` the TrainingSession, ``migration`` migrate_train_state, ``test_writing`` the student's test),
+``session_runtime`` the TrainingSession, ``session_hardening`` its conventions, ``migration`` migrate_train_state, ``test_writing`` the student's test),
 the mistake catalogue in ``mistakes``. A core check names the objective below that it grades; the checks without
 one are the hardening tier (lesson 16 §4.5: argument rules and conventions, graded by ``check 16 --all`` only).
 """
 from __future__ import annotations
 
 from ..framework import Exercise, Lesson, checks_in
-from . import (checks, equivalent_mutants, hints, migration, mistakes, session, session_runtime, session_updates,
-               test_writing)
+from . import (checks, equivalent_mutants, hints, migration, mistakes, session, session_hardening, session_runtime,
+               session_updates, test_writing)
 
 LESSON = Lesson(
     lesson_id="16",
@@ -45,7 +45,7 @@ LESSON = Lesson(
                      "boundary, or at the next epoch once its epoch has ended",
         "test_writing": "your test proves token-weighted accumulation equals one global-batch backward",
     },
-    checks=checks_in(checks, session, session_updates, session_runtime, migration, test_writing),
+    checks=checks_in(checks, session, session_hardening, session_updates, session_runtime, migration, test_writing),
     mistakes=mistakes.MISTAKES,
     equivalents=mistakes.EQUIVALENTS,
     equivalent_mutants=equivalent_mutants.EQUIVALENT_MUTANTS,

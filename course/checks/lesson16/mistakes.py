@@ -2,10 +2,7 @@
 equivalent PASSES every check (tests/test_mistakes.py proves both)."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..catalogue import equivalent, mistake
-from ..student_tests import COMPARE_EVERY_PARAMETER, assert_gradients, weak_comparisons
 from .checks import (count_loss_units_rejects_bad_labels, count_loss_units_returns_a_python_int,
                      count_loss_units_sees_the_shift, split_global_batch_fails_fast, split_global_batch_micro_sizes,
                      split_global_batch_returns_lists, steps_per_epoch_is_ceil, steps_per_epoch_is_exact_for_any_int,
@@ -16,12 +13,13 @@ from .migration import (migrate_fills_documented_legacy_defaults, migrate_handle
 from .session import (session_abort_discards_the_update, session_clips_the_update,
                       session_error_anywhere_invalidates_the_accumulation, session_error_invalidates_the_accumulation,
                       session_force_update_commits_a_tail, session_global_normalization_matches_one_backward,
-                      session_leaves_no_gradient_tensors, session_load_state_only_at_a_boundary,
-                      session_names_the_invalid_accumulation, session_optimizer_over_part_of_the_model,
-                      session_rejects_a_bad_step_output, session_rejects_a_negative_lr_or_clip,
-                      session_rejects_an_optimizer_on_other_tensors, session_rejects_zero_normalization_units,
-                      session_reports_totals_only_when_an_update_closes, session_sets_lr_in_every_group,
-                      session_state_round_trip_at_a_boundary)
+                      session_sets_lr_in_every_group, session_state_round_trip_at_a_boundary)
+from .session_hardening import (session_leaves_no_gradient_tensors, session_load_state_only_at_a_boundary,
+                                session_names_the_invalid_accumulation, session_optimizer_over_part_of_the_model,
+                                session_rejects_a_bad_step_output, session_rejects_a_negative_lr_or_clip,
+                                session_rejects_an_optimizer_on_other_tensors,
+                                session_rejects_zero_normalization_units,
+                                session_reports_totals_only_when_an_update_closes)
 from .session_runtime import (session_accumulates_detached_loss_sums,
                               session_amp_scaler_overflow_and_unscale_before_clip,
                               session_closing_microstep_all_reduces_under_ddp, session_keeps_loss_sums_on_device,
@@ -31,33 +29,12 @@ from .session_runtime import (session_accumulates_detached_loss_sums,
                               session_uses_no_sync_before_the_last_microstep)
 from .session_updates import (session_consecutive_updates_start_clean, session_k1_every_microstep_is_an_update,
                               session_weights_by_gradient_units)
-from .test_writing import token_weighted_test_passes_correct_and_fails_wrong
+from .mistakes_test import TEST_EQUIVALENTS, TEST_MISTAKES
 
 # the reference's clipping block: clip_before_unscale moves the unscale after it
 CLIP_BLOCK = ('        grad_norm = None\n        if options.clip_grad_norm > 0:\n            grad_norm = '
               'torch.nn.utils.clip_grad_norm_(self.model.parameters(), options.clip_grad_norm)\n')
 UNSCALE = '        self.scaler.unscale_(self.optimizer)\n'
-
-# the words of the hint each weakening of the student's test gets (course/checks/wrong_gradients.py computes it)
-WEAK_COMPARISON_RULES = {
-    "test_swallows_errors": "let it propagate",
-    "test_largest_element_only": "compares some elements",
-    "test_first_rows_only": "compares some elements",
-    "test_strided_elements": "not every element of it",
-    "test_cosine_only": "compares directions only",
-    "test_skips_missing_gradients": "skips a parameter without a gradient",
-    "test_skips_small_gradients": "compare EVERY parameter's gradient",
-    "test_asserts_nothing": "it compares nothing",
-    "test_one_parameter_only": "compare EVERY parameter's gradient",
-    "test_gradient_norm_only": "not one tensor, a norm or a sum",
-    "test_rtol_one_percent": "lets a 1% error through",
-    "test_tolerance_far_too_loose": "its tolerance is larger than the gradients",
-    "test_assert_close_defaults": "float32 default",
-    "test_compares_norms_per_parameter": "cannot see a sign",
-    "test_compares_sums": "cannot see where its values are",
-    "test_abs_values": "cannot see a sign",
-    "test_skips_vectors": "compare EVERY parameter's gradient",
-}
 
 MISTAKES = [
     mistake('loss_over_k', 'backpropagates loss / K (mean of micro-batch means) instead of unit weighting',
@@ -315,22 +292,7 @@ MISTAKES = [
         'if step >= micro_steps_per_epoch // accum * accum:',
         migrate_handles_legacy_boundaries,
         rule="only step == the epoch's micro-step count"),
-    # the student's test (reference: course/reference/train_session.py) with one edit each
-    *(replace(weak, rule=WEAK_COMPARISON_RULES[weak.name])
-      for weak in weak_comparisons("test_token_weighted_matches_global_batch", "1e-5",
-                                   token_weighted_test_passes_correct_and_fails_wrong,
-                                   "    accumulate_token_weighted(model, micro_batches)\n")),
-    mistake("test_equal_counts", "every sample fully valid: 30 targets per micro-batch, the mean of means is right",
-        "test_token_weighted_matches_global_batch",
-        "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 16),) * 4",
-        token_weighted_test_passes_correct_and_fails_wrong, rule="make the counts unequal"),
-    mistake("test_one_micro_batch", "K = 1: one micro-batch's count is the global count",
-        "test_token_weighted_matches_global_batch", "cuts = ((16, 15), (9, 3), (2, 2), (2, 0))", "cuts = ((16, 15),)",
-        token_weighted_test_passes_correct_and_fails_wrong, rule="(or K = 1)"),
-    mistake("test_target_counts_unshifted", "the global-batch target divides by labels != -100 (no shift)",
-        "test_token_weighted_matches_global_batch",
-        "/ shifted_target_count(labels)).backward()", "/ int((labels != -100).sum())).backward()",
-        token_weighted_test_passes_correct_and_fails_wrong, rule="NLL sum / valid targets of the whole global batch"),
+    *TEST_MISTAKES,
     mistake('before_update_after_unscale', 'runs before_update after scaler.unscale_(): the hook sees unscaled '
         'gradients and, after an abort, the next update raises "unscale_() has already been called"',
         "TrainingSession._close_update",
@@ -472,12 +434,5 @@ EQUIVALENTS = [
     equivalent('ceil_by_padding', '(n + b - 1) // b instead of -(-n // b): exact integers too',
         "steps_per_epoch", 'return -(-sample_count // global_batch_size)',
         'return (sample_count + global_batch_size - 1) // global_batch_size'),
-    equivalent("test_oracle_gradients", "the target from course.runs.global_batch_gradients (the same one "
-        "backward) instead of computing it in the test",
-        "test_token_weighted_matches_global_batch",
-        COMPARE_EVERY_PARAMETER + assert_gradients("1e-5"),
-        "    from course.runs import global_batch_gradients\n"
-        "    oracle, _, _ = global_batch_gradients(masked_micro_batches(cuts))\n"
-        "    for name, param in model.named_parameters():\n"
-        "        assert torch.allclose(param.grad, oracle[name], rtol=1e-5, atol=1e-6), name\n"),
+    *TEST_EQUIVALENTS,
 ]
