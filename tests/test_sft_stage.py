@@ -22,8 +22,10 @@ from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind import MiniMindConfig, MiniMindForCausalLM, SFTDataset, load_tokenizer
 from course.minimind.sft import render_chat
 from course.trainers import chat as chat_module
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, STORIES_TOKENIZER, AssistantMaskedDataset,
-                                 exact_answers, heldout_questions, micro_batches, model_from_weights, score_line)
+from course.trainers.pretrain import STORIES_TOKENIZER
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset,
+                                 exact_answers, heldout_questions, length_bucketed, micro_batches, model_from_weights,
+                                 score_line)
 
 STAGE_PATH = REPO_ROOT / "impl" / "train_full_sft_impl.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -126,7 +128,7 @@ def test_untouched_stubs_stop_with_the_todo_message(tiny_inputs, tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing weights", "foreign weights", "weights of another shape",
-                                  "weights of another tokenizer", "bad flag"])
+                                  "weights of another tokenizer", "bad flag", "bad length pool"])
 def test_bad_input_is_one_line_naming_the_argument_and_writes_nothing(case, tiny_inputs, tmp_path):
     weights, extra, flag = {
         "missing weights": (tmp_path / "none.pth", [], "--from_weight"),
@@ -134,6 +136,7 @@ def test_bad_input_is_one_line_naming_the_argument_and_writes_nothing(case, tiny
         "weights of another shape": (tiny_weights(tmp_path / "wide.pth", hidden_size=48), [], "--from_weight"),
         "weights of another tokenizer": (tiny_weights(tmp_path / "bytes.pth", vocab_size=6400), [], "--from_weight"),
         "bad flag": (tiny_inputs.weights, ["--batch_size", "0"], "--batch_size"),
+        "bad length pool": (tiny_inputs.weights, ["--length_pool", "-1"], "--length_pool"),
     }[case]
     if case == "foreign weights":
         torch.save({"optimizer": {"lr": 1.0}}, weights)
@@ -177,6 +180,23 @@ def test_micro_batches_cut_after_the_last_target_without_changing_the_loss():
                      ((batch.input_ids, batch.labels), (full_ids, full_labels)))
     assert abs(cut - full) <= 1e-5, f"loss ACTUAL {cut} (cut batch), EXPECTED {full} (padded to 512), tolerance 1e-5"
     expect_equal("loss units", batch.loss_units, int((full_labels[:, 1:] != -100).sum()))
+
+
+def test_length_pools_hold_similar_lengths_and_every_sample_once():
+    """--length_pool: each run of `pool` micro-batches is sorted by length before it is cut, the full micro-batches
+    are shuffled, a short last one stays last; every sample comes once; pool 0 keeps the order."""
+    lengths = [(7 * i) % 50 for i in range(45)]     # 45 samples: 5 micro-batches of 8 and one of 5
+    order = torch.randperm(45, generator=torch.Generator().manual_seed(0)).tolist()
+    expect_equal("pool 0", length_bucketed(order, lengths, 8, 0), order)
+    torch.manual_seed(1)
+    pooled = length_bucketed(order, lengths, 8, 2)
+    expect_equal("the samples, each once", sorted(pooled), list(range(45)))
+    batches = [pooled[i:i + 8] for i in range(0, 45, 8)]
+    runs = [sorted(order[i:i + 16], key=lengths.__getitem__) for i in range(0, 45, 16)]
+    expected = sorted(run[i:i + 8] for run in runs for i in range(0, len(run), 8) if len(run[i:i + 8]) == 8)
+    expect_equal("the full micro-batches (any order): sorted runs of 2 micro-batches cut in 8s",
+                 sorted(batches[:-1]), expected)
+    expect_equal("the short micro-batch, last", batches[-1], runs[-1][8:])
 
 
 def test_heldout_scoring_on_hand_made_answers(tmp_path):

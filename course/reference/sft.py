@@ -12,7 +12,7 @@ import re
 import torch
 
 from course.input_errors import InputError
-from course.minimind import IGNORE_INDEX
+from course.minimind import IGNORE_INDEX, ByteTokenizer
 from course.minimind.sft import assistant_markers, read_state_dict
 from course.protocol.text import token_weighted_step
 from course.protocol.types import TrainingStepOptions
@@ -99,25 +99,30 @@ def sft_epoch(session, micro_batches: list, accumulation_steps: int, *, lr: floa
     return reports
 
 
-# The conversations of the reference test: one kind of lesson 17 §1.2's list each, the length it is cut to.
+SYSTEM_AND_TWO_TURNS = [
+    {"role": "system", "content": "You are a helpful AI assistant."},
+    {"role": "user", "content": "Is seven a prime number?"}, {"role": "assistant", "content": "Yes."},
+    {"role": "user", "content": "And nine?"}, {"role": "assistant", "content": "No, nine is three times three."}]
+
+# The conversations of the reference test: one kind of lesson 17 §1.2's list each, the length it is cut to, the
+# tokenizer (None: upstream's).
 MASK_TEST_CASES = (
-    ([{"role": "system", "content": "You are a helpful AI assistant."},
-      {"role": "user", "content": "Is seven a prime number?"}, {"role": "assistant", "content": "Yes."},
-      {"role": "user", "content": "And nine?"}, {"role": "assistant", "content": "No, nine is three times three."}],
-     96),                                                           # system prompt, two turns, padded
+    (SYSTEM_AND_TWO_TURNS, 96, None),                                # system prompt, two turns, padded
     ([{"role": "user", "content": "Name a color."},
-      {"role": "assistant", "content": "Red, the color of ripe strawberries and fire trucks."}], 24),  # cut mid-answer
+      {"role": "assistant", "content": "Red, the color of ripe strawberries and fire trucks."}], 24,
+     None),                                                          # cut mid-answer
     ([{"role": "user", "content": "Please read this long question before you answer it."},
-      {"role": "assistant", "content": "Done."}], 12),              # cut before the answer: no target left
+      {"role": "assistant", "content": "Done."}], 12, None),         # cut before the answer: no target left
     ([{"role": "user", "content": "Which token ends a document?"},
-      {"role": "assistant", "content": "<|endoftext|>, the pad id."}], 40),  # id 0 inside an answer: a target
+      {"role": "assistant", "content": "<|endoftext|>, the pad id."}], 40, None),  # id 0 inside an answer: a target
+    (SYSTEM_AND_TWO_TURNS, 512, ByteTokenizer()),                    # another tokenizer: other marker ids
 )
 
 
 def test_assistant_labels_match_upstream(assistant_labels) -> None:
     """``assistant_labels`` gives upstream's labels, token for token, on a conversation of each kind."""
-    for messages, max_length in MASK_TEST_CASES:
-        sample = sft_sample(messages, max_length)
+    for messages, max_length, tokenizer in MASK_TEST_CASES:
+        sample = sft_sample(messages, max_length, tokenizer)
         labels = assistant_labels(sample.input_ids, sample.assistant_start, sample.end)
         assert labels == sample.labels, f"max_length {max_length}, {sample.prompt!r}: {labels} != {sample.labels}"
 

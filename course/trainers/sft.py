@@ -15,7 +15,7 @@ from course.minimind import MiniMindConfig, MiniMindForCausalLM
 from course.minimind.dataset import JsonlRecords
 from course.minimind.sft import SFTDataset, padded_prompt_ids, parse_conversations, read_state_dict, render_chat
 from course.protocol.text import TextBatch, shifted_target_count
-from course.trainers.pretrain import STORIES_TOKENIZER, decode, generate_ids
+from course.trainers.pretrain import decode, generate_ids
 
 # The built-in chat corpus and its scoring rule (labs/data/make_sft_stories.py writes both files).
 STORIES_CHATS = load_module(REPO_ROOT / "labs" / "data" / "make_sft_stories.py", "make_sft_stories")
@@ -60,6 +60,25 @@ def micro_batches(dataset, order: list[int], batch_size: int) -> Iterator[TextBa
         samples = [dataset[i] for i in order[start:start + batch_size]]
         input_ids, labels = trimmed(torch.stack([ids for ids, _ in samples]), torch.stack([y for _, y in samples]))
         yield TextBatch(input_ids, labels, shifted_target_count(labels))
+
+
+def conversation_lengths(dataset: SFTDataset) -> list[int]:
+    """Each conversation's characters: the order of their token counts, read without tokenizing."""
+    return [sum(len(message["content"]) for message in dataset.samples[i]) for i in range(len(dataset))]
+
+
+def length_bucketed(order: list[int], lengths: list[int], batch_size: int, pool: int) -> list[int]:
+    """``order`` with each run of ``pool`` micro-batches' samples sorted by length, then the full micro-batches
+    shuffled (torch's generator; a short one stays last): a micro-batch holds conversations of similar lengths,
+    so trimming it after its last target leaves little padding. ``pool`` 0: ``order`` unchanged (upstream's
+    random micro-batches)."""
+    if pool == 0:
+        return order
+    run = batch_size * pool
+    chunks = [sorted(order[start:start + run], key=lengths.__getitem__) for start in range(0, len(order), run)]
+    batches = [chunk[i:i + batch_size] for chunk in chunks for i in range(0, len(chunk), batch_size)]
+    full, short = [b for b in batches if len(b) == batch_size], [b for b in batches if len(b) < batch_size]
+    return [index for i in torch.randperm(len(full)).tolist() for index in full[i]] + sum(short, [])
 
 
 def validation_batches(dataset, batch_size: int) -> list:

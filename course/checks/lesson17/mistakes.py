@@ -6,13 +6,14 @@ from ..catalogue import equivalent, mistake
 from .checks import labels_cover_every_assistant_turn, labels_match_whole_markers, labels_of_a_truncated_conversation
 from .extensions import encode_sft_prompt_is_upstreams_where_nothing_merges, \
     encode_sft_prompt_trains_an_answer_starting_with_spaces
-from .test_writing import mask_test_fails_a_mask_that_drops_id_0, mask_test_passes_correct_and_fails_wrong
+from .test_writing import (mask_test_fails_a_mask_that_drops_id_0, mask_test_fails_a_mask_with_upstreams_marker_ids,
+                           mask_test_passes_correct_and_fails_wrong)
 from .updates import (sft_epoch_closes_each_update_once, sft_epoch_options_carry_lr_and_clipping_every_micro_step,
-                      sft_epoch_passes_lr_and_clipping, sft_epoch_update_is_one_backward_of_its_assistant_tokens,
-                      units_are_each_updates_shifted_targets, units_are_python_ints,
-                      units_reject_a_bad_accumulation_steps)
+                      sft_epoch_passes_lr_and_clipping, sft_epoch_sends_every_micro_batch_of_a_trained_update,
+                      sft_epoch_update_is_one_backward_of_its_assistant_tokens, units_are_each_updates_shifted_targets,
+                      units_are_python_ints, units_reject_a_bad_accumulation_steps)
 from .weights import (load_names_a_bad_path, load_never_runs_code, load_refusal_is_a_value_error_naming_every_key,
-                      loads_a_weights_file_exactly, refuses_a_file_that_does_not_fit)
+                      loads_a_weights_file_exactly, loads_into_the_models_own_storage, refuses_a_file_that_does_not_fit)
 
 SPAN_END = ('        resume = next((i + len(end) for i in range(first, len(input_ids)) '
             'if input_ids[i:i + len(end)] == end),\n                      len(input_ids))\n')
@@ -134,7 +135,11 @@ MISTAKES = [
             sft_epoch_closes_each_update_once, rule="an update without any assistant token is not trained"),
     mistake("tail_never_closed", "no force_update: the epoch's short last update never closes", "sft_epoch",
             "force_update=position == len(window) - 1)", "force_update=False)", sft_epoch_closes_each_update_once,
-            rule="each closes on its last micro-batch"),
+            rule="each closes once, on the last micro-batch it sends"),
+    mistake("drops_the_short_last_update", "the epoch's short last update is dropped: its micro-batches never train",
+            "sft_epoch", "for start in range(0, len(micro_batches), accumulation_steps):",
+            "for start in range(0, len(micro_batches) - accumulation_steps + 1, accumulation_steps):",
+            sft_epoch_closes_each_update_once, rule="every micro-batch that holds an assistant token goes to the session"),
     mistake("skipped_update_not_listed", "an update not trained has no entry: the result no longer lines up with "
             "the updates", "sft_epoch", "            reports.append(None)\n", "", sft_epoch_closes_each_update_once,
             rule="one entry per update"),
@@ -150,20 +155,20 @@ MISTAKES = [
             rule="clips with the clip_grad_norm of the micro-step that closes the update"),
     # test_assistant_labels_match_upstream (§5.4): the reference test, weakened
     mistake("test_one_turn_only", "the test's conversations keep one assistant turn each",
-            "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length)\n",
-            "        sample = sft_sample(messages[:3], max_length)\n", mask_test_passes_correct_and_fails_wrong,
+            "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length, tokenizer)\n",
+            "        sample = sft_sample(messages[:3], max_length, tokenizer)\n", mask_test_passes_correct_and_fails_wrong,
             rule="two or more turns"),
     mistake("test_without_a_system_prompt", "the test's conversations all open with the user",
-            "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length)\n",
-            '        sample = sft_sample([m for m in messages if m["role"] != "system"], max_length)\n',
+            "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length, tokenizer)\n",
+            '        sample = sft_sample([m for m in messages if m["role"] != "system"], max_length, tokenizer)\n',
             mask_test_passes_correct_and_fails_wrong, rule="put a system prompt first"),
     mistake("test_never_cuts_an_answer", "no conversation of the test is cut inside an answer",
-            "test_assistant_labels_match_upstream", "    for messages, max_length in MASK_TEST_CASES:",
-            "    for messages, max_length in MASK_TEST_CASES[:1]:", mask_test_passes_correct_and_fails_wrong,
+            "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
+            "    for messages, max_length, tokenizer in MASK_TEST_CASES[:1]:", mask_test_passes_correct_and_fails_wrong,
             rule="cut one there"),
     mistake("test_never_cuts_before_an_answer", "no conversation of the test is cut before its answer",
-            "test_assistant_labels_match_upstream", "    for messages, max_length in MASK_TEST_CASES:",
-            "    for messages, max_length in MASK_TEST_CASES[:2]:", mask_test_passes_correct_and_fails_wrong,
+            "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
+            "    for messages, max_length, tokenizer in MASK_TEST_CASES[:2]:", mask_test_passes_correct_and_fails_wrong,
             rule="cut a conversation before its answer"),
     mistake("test_compares_positions_only", "the test compares where the labels are -100, not their values",
             "test_assistant_labels_match_upstream", "        assert labels == sample.labels,",
@@ -178,8 +183,12 @@ MISTAKES = [
             mask_test_passes_correct_and_fails_wrong, rule="passes every implementation"),
     # hardening (§5.5)
     mistake("test_without_id_0_in_an_answer", "no answer of the test holds id 0 (the text <|endoftext|>)",
-            "test_assistant_labels_match_upstream", "    for messages, max_length in MASK_TEST_CASES:",
-            "    for messages, max_length in MASK_TEST_CASES[:3]:", mask_test_fails_a_mask_that_drops_id_0),
+            "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
+            "    for messages, max_length, tokenizer in MASK_TEST_CASES[:3]:", mask_test_fails_a_mask_that_drops_id_0),
+    mistake("test_upstream_tokenizer_only", "every conversation of the test is tokenized with upstream's tokenizer",
+            "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
+            "    for messages, max_length, tokenizer in MASK_TEST_CASES[:4]:",
+            mask_test_fails_a_mask_with_upstreams_marker_ids),
     mistake("lr_only_on_the_first_micro_step", "lr passed on an update's first micro-step only (the same effect "
             "on lesson 16's session, which keeps it; the convention is every micro-step)", "sft_epoch",
             "TrainingStepOptions(lr=lr, ", "TrainingStepOptions(lr=lr if position == 0 else None, ",
@@ -189,12 +198,24 @@ MISTAKES = [
             "sft_epoch", "clip_grad_norm=clip_grad_norm, ",
             "clip_grad_norm=clip_grad_norm if position == len(window) - 1 else 0.0, ",
             sft_epoch_options_carry_lr_and_clipping_every_micro_step),
+    mistake("skips_micro_batches_without_targets", "a trained update leaves out its micro-batches without an "
+            "assistant token (no gradient lost; the update is no longer the K micro-batches the run cut)", "sft_epoch",
+            "        for position, batch in enumerate(window):\n",
+            "        window = [batch for batch in window if batch.loss_units]\n"
+            "        for position, batch in enumerate(window):\n",
+            sft_epoch_sends_every_micro_batch_of_a_trained_update),
     mistake("units_are_tensors", "each count a 0-dim tensor, not a Python int", "update_normalization_units",
             "int((labels[..., 1:] != IGNORE_INDEX).sum())", "(labels[..., 1:] != IGNORE_INDEX).sum()",
             units_are_python_ints),
     mistake("accepts_zero_accumulation_steps", "accumulation_steps 0 accepted (range() then raises its own error)",
             "update_normalization_units", "    if accumulation_steps < 1:", "    if accumulation_steps < 0:",
             units_reject_a_bad_accumulation_steps),
+    mistake("rebinds_param_data", "each parameter's .data rebound to the file's tensor cast to the model's dtype: the "
+            "same Parameter objects, new storage", "load_pretrained_weights", "    model.load_state_dict(state_dict)\n",
+            "    with torch.no_grad():\n"
+            "        for name, param in model.named_parameters():\n"
+            "            param.data = state_dict[name].to(param.dtype).clone()\n",
+            loads_into_the_models_own_storage),
     mistake("names_only_the_first_bad_key", "the refusal names the first missing key only",
             "_validate_weights", "missing keys \"\n                         f\"{missing}", "missing keys \"\n"
             "                         f\"{missing[:1]}", load_refusal_is_a_value_error_naming_every_key),

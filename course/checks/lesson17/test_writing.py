@@ -185,6 +185,29 @@ def mask_test_fails_a_mask_that_drops_id_0(impl):
                     lambda wrong: wrong.hint)
 
 
+def upstreams_marker_ids(input_ids, assistant_start, end):
+    """Upstream's tokenizer's marker ids hard-coded, the arguments ignored: right wherever upstream's tokenizer made
+    the ids, no span at all with another tokenizer's."""
+    return upstream_labels(input_ids, [1, 1388, 570, 811, 234], [2, 234])
+
+
+MARKER_ID_MASKS = (
+    WrongImplementation("upstreams_marker_ids", "finds upstream's marker ids [1, 1388, 570, 811, 234] and [2, 234], "
+                        "whatever markers it is given", "tokenize one conversation with another tokenizer too "
+                        "(sft_sample(..., tokenizer=ByteTokenizer())): its markers are other ids, and a mask must "
+                        "find the ones it is given (lesson 17 §5.1)", upstreams_marker_ids),
+)
+
+
+@check("test_assistant_labels_match_upstream")
+def mask_test_fails_a_mask_with_upstreams_marker_ids(impl):
+    """Hardening (lesson 17 §5.5): your test also raises AssertionError on a mask that ignores the markers it is
+    given and finds upstream's ids, which differs from upstream's rule only on another tokenizer's ids."""
+    expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream, (),
+                    MARKER_ID_MASKS, "", "the implementation's contract is lesson 17 §5.1's",
+                    lambda wrong: wrong.hint)
+
+
 PASSES_EVERYTHING = ("your test passes every implementation, even one that returns input_ids unchanged: assert that "
                      "the labels equal upstream's (sft_sample(...).labels), every one of them")
 

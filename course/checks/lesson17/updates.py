@@ -138,7 +138,8 @@ def epoch_error_hint(exc: Exception) -> str:
     """The rule an error of lesson 16's session (its wording) points at."""
     if "changed inside an update" in str(exc):
         return ("every micro-step of an update gets the same normalization_units: the assistant tokens of the WHOLE "
-                "update, counted before its first micro-step")
+                "update, counted before its first micro-step; and each update closes (force_update) on the last "
+                "micro-batch it sends, or the next update's micro-steps join it")
     if "normalization_units" in str(exc) or isinstance(exc, ZeroDivisionError):
         return "an update without any assistant token is not trained (its normalization units would be 0)"
     return "drive the session with train_step(batch, TrainingStepOptions(...), step_fn), one call per micro-batch"
@@ -153,15 +154,27 @@ def numbered(batches: list, chosen: list) -> list[int]:
     return [next(i for i, batch in enumerate(batches, start=1) if batch is b) for b in chosen]
 
 
+def trained_windows(batches: list, k: int) -> list[list]:
+    """The windows of K that hold an assistant token: the updates sft_epoch trains."""
+    return [window for window in windows(batches, k) if sum(b.loss_units for b in window)]
+
+
+def window_of(batches: list, k: int, update: list) -> list:
+    """The window of K that the micro-batches of a closed update came from (its first micro-batch's). A micro-batch
+    without a target may be left out of an update without changing its gradient, so the oracle of an update is
+    its whole window."""
+    return windows(batches, k)[(numbered(batches, update[:1])[0] - 1) // k]
+
+
 @check("sft_epoch", objective="sft_updates")
 def sft_epoch_update_is_one_backward_of_its_assistant_tokens(impl):
     """Each update's accumulated gradient equals ONE backward of the model's own loss on all of the update's
     micro-batches at once (the token mean over all its assistant tokens), at the weights it started from, also
     with a micro-batch that holds no target."""
-    session, _, _ = run_epoch(impl)
+    session, all_batches, _ = run_epoch(impl)
     for number, (before, batches, grads) in enumerate(session.updates, start=1):
         units = [b.loss_units for b in batches]
-        expected = sft_update_gradients(batches, before)
+        expected = sft_update_gradients(window_of(all_batches, 3, batches), before)
         with rule(gradient_hint(grads, naive_gradients(batches, before))):
             expect_tensors_close(f"update {number} (micro-batches holding {units} shifted assistant targets): "
                                  "accumulated gradient vs one backward of the whole update", grads, expected,
@@ -198,24 +211,50 @@ def naive_gradients(batches, params) -> dict:
 @check("sft_epoch", objective="sft_updates")
 def sft_epoch_closes_each_update_once(impl):
     """Windows of K micro-batches in order are the updates, the tail of one micro-batch too: each closes with one
-    optimizer step on its last micro-batch; the update without a target (micro-batches 4 to 6) is not sent to
-    the session and its entry is None; the others are the reports that closed them."""
+    optimizer step on the last micro-batch it sends; every micro-batch holding a target is sent; the update without
+    a target (micro-batches 4 to 6) is not sent to the session and its entry is None; the others are the reports
+    that closed them. (Whether a micro-batch without a target inside a trained update is sent is §5.5's.)"""
     session, batches, result = run_epoch(impl)
     groups = windows(batches, 3)
-    closed = [numbered(batches, update) for _, update, _ in session.updates]
-    trained = [numbered(batches, group) for group in groups if sum(b.loss_units for b in group)]
+    sent = numbered(batches, [b for b, _, _ in session.calls])
+    untrained = {i for group in groups if not sum(b.loss_units for b in group) for i in numbered(batches, group)}
     with rule("an update without any assistant token is not trained: none of its micro-batches goes to the session"):
-        expect_equal("micro-batches sent to train_step, numbered from 1",
-                     numbered(batches, [b for b, _, _ in session.calls]), [i for update in trained for i in update])
-    with rule("every K consecutive micro-batches are one update, the last one possibly shorter; each closes on its "
-              "last micro-batch (force_update)"):
-        expect_equal("the micro-batches of each update that closed, numbered from 1", closed, trained)
+        expect_equal("micro-batches of the update without an assistant token sent to train_step, numbered from 1",
+                     [i for i in sent if i in untrained], [])
+    holding = [i for i, batch in enumerate(batches, start=1) if batch.loss_units]
+    with rule("every micro-batch that holds an assistant token goes to the session, in order, the epoch's short "
+              "last update's too"):
+        expect_equal("micro-batches holding assistant tokens sent to train_step, numbered from 1",
+                     [i for i in sent if i in holding], holding)
+    expected_closed = [[i for i in sent if i in numbered(batches, group)] for group in trained_windows(batches, 3)]
+    with rule("every K consecutive micro-batches are one update, the last one possibly shorter; each closes once, "
+              "on the last micro-batch it sends (force_update)"):
+        expect_equal("the micro-batches of each update that closed, numbered from 1",
+                     [numbered(batches, update) for _, update, _ in session.updates], expected_closed)
     reports = [r if r is None else (r.parameters_updated, r.microsteps_accumulated, r.optimizer_step)
                for r in result] if isinstance(result, list) else result
+    sizes = iter(len(update) for update in expected_closed)
+    expected, step = [], 0
+    for group in groups:
+        step += bool(sum(b.loss_units for b in group))
+        expected.append((True, next(sizes), step) if sum(b.loss_units for b in group) else None)
     with rule("one entry per update: the report of the micro-step that closed it, None for an update not trained"):
         expect_equal("sft_epoch's result: (parameters_updated, microsteps_accumulated, optimizer_step) per update",
-                     reports, [(True, 3, 1), None, (True, 3, 2), (True, 1, 3)])
+                     reports, expected)
     expect_equal("session.optimizer_step after the epoch", session.optimizer_step, 3)
+
+
+@check("sft_epoch")
+def sft_epoch_sends_every_micro_batch_of_a_trained_update(impl):
+    """The convention (lesson 17 §5.5): a trained update sends all of its window's micro-batches, one without an
+    assistant token too. It adds nothing to the gradient, so the core does not grade it; the update stays the K
+    micro-batches the run cut, and its report counts them."""
+    session, batches, _ = run_epoch(impl)
+    with rule("every micro-batch of a trained update goes to the session, one without an assistant token too: the "
+              "update is the K micro-batches the run cut"):
+        expect_equal("micro-batches sent to train_step, numbered from 1",
+                     numbered(batches, [b for b, _, _ in session.calls]),
+                     [i for group in trained_windows(batches, 3) for i in numbered(batches, group)])
 
 
 LR_RULE = ("each update steps at the lr sft_epoch got (None: the optimizer's own): lesson 16's session writes an "
@@ -263,12 +302,13 @@ def sft_epoch_with_other_windows(impl):
     """The same micro-batches with K = 4 (updates of 4, 4 and 2 micro-batches) and with K = 12, larger than the
     epoch (one update of all 10): each update's gradient is one backward of its micro-batches."""
     for k, sizes in ((4, [4, 4, 2]), (12, [10])):
-        session, _, result = run_epoch(impl, k)
+        session, all_batches, _ = run_epoch(impl, k)
         with rule("every K consecutive micro-batches are one update, the last one possibly shorter"):
-            expect_equal(f"K = {k}: micro-batches per update that closed", [len(u) for _, u, _ in session.updates],
-                         sizes)
+            expect_equal(f"K = {k}: micro-batches of the window each closed update came from",
+                         [len(window_of(all_batches, k, u)) for _, u, _ in session.updates], sizes)
         for number, (before, batches, grads) in enumerate(session.updates, start=1):
             with rule("each micro-step backpropagates loss * gradient_units / normalization_units, "
                       "normalization_units the assistant tokens of the WHOLE update"):
                 expect_tensors_close(f"K = {k}, update {number}: accumulated gradient vs one backward of the update",
-                                     grads, sft_update_gradients(batches, before), rtol=GRAD_RTOL, atol=GRAD_ATOL)
+                                     grads, sft_update_gradients(window_of(all_batches, k, batches), before),
+                                     rtol=GRAD_RTOL, atol=GRAD_ATOL)

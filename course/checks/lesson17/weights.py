@@ -18,6 +18,7 @@ from course.minimind.sft import save_weights_like_upstream
 from course.runs import SESSION_SCENARIO, params_of, session_model, tiny_model
 
 from ..framework import check, expect_equal, expect_raises, fail
+from ..lesson16.checks import rule
 
 
 def pretrained_model() -> torch.nn.Module:
@@ -223,3 +224,19 @@ def load_never_runs_code(impl):
         except Exception:   # refusing the file is right; whether it ran the call is the verdict
             pass
     expect_equal("functions the file called while it was loaded", CALLS, [])
+
+
+@check("load_pretrained_weights")
+def loads_into_the_models_own_storage(impl):
+    """The convention (lesson 17 §5.5): the values are copied into the storage the model's tensors already have,
+    as load_state_dict does (copy_ under no_grad); rebinding ``param.data`` to the file's tensor keeps the Parameter
+    objects but swaps their storage behind autograd's back, and anything holding a view of the old one keeps the
+    random values."""
+    with weights_files() as paths:
+        model = session_model()
+        storage = {name: tensor.data_ptr() for name, tensor in model.state_dict().items()}
+        impl.load_pretrained_weights(model, paths["fp16"])
+        moved = [name for name, tensor in model.state_dict().items() if tensor.data_ptr() != storage[name]]
+        with rule("copy the file's values into the model's own tensors (tensor.copy_, what load_state_dict does), "
+                  "do not rebind param.data to new tensors"):
+            expect_equal("state_dict entries whose storage changed while loading", moved, [])
