@@ -15,6 +15,7 @@ from course.minimind.sft import assistant_markers, read_state_dict  # noqa: F401
 from course.protocol.text import token_weighted_step  # noqa: F401
 from course.protocol.types import TrainingStepOptions  # noqa: F401
 # for your test (§5.4):
+from course.minimind import ByteTokenizer  # noqa: F401
 from course.runs.sft import sft_sample  # noqa: F401
 
 

@@ -35,7 +35,7 @@ from course.checks.notebook import run_checks
 from course.experiments.figures import show_and_save
 from course.experiments.token_weighting import SFT_SETUP, VARIANTS, compare, draw_comparison
 from course.input_errors import InputError
-from course.minimind import IGNORE_INDEX
+from course.minimind import IGNORE_INDEX, ByteTokenizer
 from course.minimind.sft import assistant_markers, read_state_dict
 from course.protocol.text import token_weighted_step
 from course.protocol.types import TrainingStepOptions
