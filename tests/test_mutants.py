@@ -4,6 +4,7 @@ The full analysis is an instructor command (minutes per lesson), not a test."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -30,6 +31,12 @@ def sample(values, limit):
 
 def rules_at(source: str) -> set[tuple[int, str]]:
     return {(m.line, m.rule) for m in mutants(source)}
+
+
+@functools.lru_cache(maxsize=None)
+def should_step_analysis() -> tuple:
+    """Lesson 14's checks on the mutants of should_step_optimizer (analysed once, read by two tests)."""
+    return tuple(analyse(get_lesson("14"), "should_step_optimizer"))
 
 
 def test_every_rule_makes_its_mutant():
@@ -65,7 +72,7 @@ def test_verdicts_go_both_ways():
     """The lesson's checks kill every mutant of should_step_optimizer; graded by the cosine_lr checks alone
     (blind to it) they survive."""
     lesson = get_lesson("14")
-    killed = analyse(lesson, "should_step_optimizer")
+    killed = should_step_analysis()
     assert killed and all(r.killed_by for r in killed), [r.mutant.key for r in killed if not r.killed_by]
     blind = dataclasses.replace(lesson, checks=[c for c in lesson.checks if c.exercise == "cosine_lr"],
                                 mistakes=(), equivalents=())
@@ -90,7 +97,7 @@ def test_listed_equivalent_mutants_exist(lesson):
 
 def test_command_prints_the_score_and_refuses_an_unknown_function(capsys):
     from course.cli import main
-    assert main(["mutants", "14", "--function", "should_step_optimizer"]) == 0
+    assert main(["mutants", "14", "--function", "scale_loss_for_accumulation"]) == 0
     out = capsys.readouterr().out
     assert "survived: score 100.0 %" in out and "0 survived" in out, out
     assert main(["mutants", "14", "--function", "no_such_function"]) == 2
@@ -116,7 +123,7 @@ def test_mutants_in_argument_rules_are_the_hardening_tier():
     HARDENING mutants, its return line CORE ones. Graded without the hardening checks, every core mutant is still killed (by the core checks alone) and
     some hardening ones survive; a core mutant that only a hardening check fails is not killed."""
     lesson = get_lesson("14")
-    results = analyse(lesson, "should_step_optimizer")
+    results = list(should_step_analysis())
     tiers = {r.mutant.tier for r in results}
     assert tiers == {"core", "hardening"}, tiers
     rule_lines = [r for r in results if r.mutant.original_line.startswith(("raise", "if ", "_validate"))]
