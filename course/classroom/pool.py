@@ -99,7 +99,9 @@ def grade_shard(lesson_id: str, route: str, inputs: Sequence[tuple[str, Path]], 
                 ) -> Iterator[tuple[str, Outcome]]:
     """(id, outcome) of each (id, input path) as it is graded by a warm pool started for them: the input is a
     submission's folder (files) or its sanitized notebook."""
-    with tempfile.TemporaryDirectory(prefix="grade-class-") as spool_name:
+    # a killed pool's graders die a moment later (PDEATHSIG) and may still write here while it is removed: an
+    # interrupted run must end with its resume message, not with the cleanup's "directory not empty"
+    with tempfile.TemporaryDirectory(prefix="grade-class-", ignore_cleanup_errors=True) as spool_name:
         spool = Path(spool_name)
         privates = {student: spool / f"{index:05d}" for index, (student, _) in enumerate(inputs)}
         jobs_file = spool / "jobs.json"
