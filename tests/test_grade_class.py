@@ -135,8 +135,11 @@ def graded_class(tmp_path_factory) -> GradedClass:
     sentinels = {p: p.read_bytes() for p in (gradebook, paths["other"])}
     before = course_files()
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    # SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (`&` without job control)
+    # hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt
     first = subprocess.Popen([sys.executable, "-m", "course", *grade_command(folder, out)], cwd=REPO_ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in first.stdout:   # interrupted as a Ctrl-C would, once a first submission is graded
         lines.append(line)
