@@ -50,9 +50,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # empty think blocks (kept in 20 %) and no random system prompt (the corpus has its own). Micro-batches of similar
 # lengths (--length_pool 8): trimmed random ones still hold 58 % more positions than their conversations (37 % of
 # them padding), and one sampling order of them answered only 61 %; length-pooled, three orders answered
-# 90.5-94.9 % in about 2/3 of the time. "minimind" is upstream's
-# trainer/train_full_sft.py defaults (random micro-batches, its SFTDataset's randomness) on upstream's data and
-# tokenizer, which it cannot default to.
+# 90.5-94.9 % in about 2/3 of the time. "minimind" is upstream's trainer/train_full_sft.py defaults (random
+# micro-batches, its SFTDataset's randomness) on upstream's data and tokenizer, which it cannot default to.
 PRESETS = {
     "stories": dict(hidden_size=128, num_hidden_layers=1, epochs=9, batch_size=16, accumulation_steps=1,
                     learning_rate=5e-3, max_seq_len=128, length_pool=8, log_interval=50, eval_interval=200,

@@ -77,8 +77,8 @@ def length_bucketed(order: list[int], lengths: list[int], batch_size: int, pool:
     run = batch_size * pool
     chunks = [sorted(order[start:start + run], key=lengths.__getitem__) for start in range(0, len(order), run)]
     batches = [chunk[i:i + batch_size] for chunk in chunks for i in range(0, len(chunk), batch_size)]
-    full, short = [b for b in batches if len(b) == batch_size], [b for b in batches if len(b) < batch_size]
-    return [index for i in torch.randperm(len(full)).tolist() for index in full[i]] + sum(short, [])
+    short = batches.pop() if batches and len(batches[-1]) < batch_size else []   # only the last run ends short
+    return [index for i in torch.randperm(len(batches)).tolist() for index in batches[i]] + short
 
 
 def validation_batches(dataset, batch_size: int) -> list:

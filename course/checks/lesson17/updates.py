@@ -154,9 +154,18 @@ def numbered(batches: list, chosen: list) -> list[int]:
     return [next(i for i, batch in enumerate(batches, start=1) if batch is b) for b in chosen]
 
 
+def holds_targets(window: list) -> bool:
+    return sum(b.loss_units for b in window) > 0
+
+
 def trained_windows(batches: list, k: int) -> list[list]:
     """The windows of K that hold an assistant token: the updates sft_epoch trains."""
-    return [window for window in windows(batches, k) if sum(b.loss_units for b in window)]
+    return [window for window in windows(batches, k) if holds_targets(window)]
+
+
+def sent_numbers(session, batches: list) -> list[int]:
+    """The micro-batches sft_epoch sent to train_step, in order, numbered from 1."""
+    return numbered(batches, [batch for batch, _, _ in session.calls])
 
 
 def window_of(batches: list, k: int, update: list) -> list:
@@ -216,8 +225,8 @@ def sft_epoch_closes_each_update_once(impl):
     that closed them. (Whether a micro-batch without a target inside a trained update is sent is §5.5's.)"""
     session, batches, result = run_epoch(impl)
     groups = windows(batches, 3)
-    sent = numbered(batches, [b for b, _, _ in session.calls])
-    untrained = {i for group in groups if not sum(b.loss_units for b in group) for i in numbered(batches, group)}
+    sent = sent_numbers(session, batches)
+    untrained = {i for group in groups if not holds_targets(group) for i in numbered(batches, group)}
     with rule("an update without any assistant token is not trained: none of its micro-batches goes to the session"):
         expect_equal("micro-batches of the update without an assistant token sent to train_step, numbered from 1",
                      [i for i in sent if i in untrained], [])
@@ -226,18 +235,16 @@ def sft_epoch_closes_each_update_once(impl):
               "last update's too"):
         expect_equal("micro-batches holding assistant tokens sent to train_step, numbered from 1",
                      [i for i in sent if i in holding], holding)
-    expected_closed = [[i for i in sent if i in numbered(batches, group)] for group in trained_windows(batches, 3)]
+    expected_closed = [[i for i in sent if i in numbered(batches, group)]
+                       for group in trained_windows(batches, 3)]
     with rule("every K consecutive micro-batches are one update, the last one possibly shorter; each closes once, "
               "on the last micro-batch it sends (force_update)"):
         expect_equal("the micro-batches of each update that closed, numbered from 1",
                      [numbered(batches, update) for _, update, _ in session.updates], expected_closed)
     reports = [r if r is None else (r.parameters_updated, r.microsteps_accumulated, r.optimizer_step)
                for r in result] if isinstance(result, list) else result
-    sizes = iter(len(update) for update in expected_closed)
-    expected, step = [], 0
-    for group in groups:
-        step += bool(sum(b.loss_units for b in group))
-        expected.append((True, next(sizes), step) if sum(b.loss_units for b in group) else None)
+    closing = iter((True, len(update), step) for step, update in enumerate(expected_closed, start=1))
+    expected = [next(closing) if holds_targets(group) else None for group in groups]
     with rule("one entry per update: the report of the micro-step that closed it, None for an update not trained"):
         expect_equal("sft_epoch's result: (parameters_updated, microsteps_accumulated, optimizer_step) per update",
                      reports, expected)
@@ -252,8 +259,7 @@ def sft_epoch_sends_every_micro_batch_of_a_trained_update(impl):
     session, batches, _ = run_epoch(impl)
     with rule("every micro-batch of a trained update goes to the session, one without an assistant token too: the "
               "update is the K micro-batches the run cut"):
-        expect_equal("micro-batches sent to train_step, numbered from 1",
-                     numbered(batches, [b for b, _, _ in session.calls]),
+        expect_equal("micro-batches sent to train_step, numbered from 1", sent_numbers(session, batches),
                      [i for group in trained_windows(batches, 3) for i in numbered(batches, group)])
 
 
