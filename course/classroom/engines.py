@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -54,6 +55,10 @@ def dask_shards(scheduler: str, lesson_id: str, route: str, inputs: Sequence[tup
     from dask.distributed import Client, LocalCluster, as_completed
     with contextlib.ExitStack() as stack:
         if scheduler == LOCAL:
+            # LocalCluster's silence_logs quiets distributed only until it closes and then restores the level it
+            # found (INFO): an in-process comm that closes a moment later logs "Batched Comm Closed" and its
+            # traceback on the command's stderr. The level it finds is WARNING, so that is what it restores.
+            logging.getLogger("distributed").setLevel(logging.WARNING)
             cluster = stack.enter_context(LocalCluster(n_workers=settings.jobs, threads_per_worker=1, processes=False,
                                                        dashboard_address=None))
             client = stack.enter_context(Client(cluster))
