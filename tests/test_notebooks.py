@@ -8,8 +8,9 @@ Executing a notebook is the expensive part, so the instructor's grading round ru
 lesson (``grading_round``): one ``nbgrader autograde`` of all submissions, one ``generate_feedback``,
 one ``export``. The tests read what they assert from that round: the reference submission runs top to
 bottom, draws its figures and scores full points (what ``nbgrader validate`` of the source showed);
-the untouched release scores 0 in every grade cell (what ``validate --invert`` showed); a catalogued
-mistake loses exactly its hidden cell. One real ``nbgrader validate`` remains, the student's command
+the untouched release scores 0 in every grade cell (what ``validate --invert`` showed); in lesson 14 a
+flawed submission loses exactly the cells of its flaws (every lesson's flawed module is graded by the
+checks, without a notebook). One real ``nbgrader validate`` remains, the student's command
 of the README.
 """
 from __future__ import annotations
@@ -31,11 +32,12 @@ import warm_python
 from doc_runs import run_documented
 
 from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_called, nbgrader_invocation,
-                                       notebook_lessons, release_path, source_path)
-from course.checks.framework import expect_equal
+                                       notebook_lessons, release_path, scored_cells, source_path)
+from course.checks.framework import PASS, expect_equal
 from course.checks.hints import notebook_cell
+from course.checks.results import grade_exercises
 from course.classroom.simulate import answered
-from course.implementations import REPO_ROOT
+from course.implementations import REPO_ROOT, module_from_source
 
 pytestmark = pytest.mark.notebooks
 
@@ -217,13 +219,27 @@ def grade_cell_running(solved, check_name: str) -> str:
 
 HANG_CELL = "import time\ntime.sleep(3600)  # a student's endless loop"
 RAISE_CELL = "raise RuntimeError('a student cell that crashes')"
-# The hanging and the crashing student cell cost a cell timeout each run: lesson 14 carries them.
-BROKEN_CELLS_IN = "14"
-# One submission carries every partial answer (executing a notebook is what the round costs): the lesson's
-# typical mistake, caught by one hidden cell; where the lesson has a test-writing exercise, that test answered
-# with one that asserts nothing, whose cell must score 0; the extensions left as released, which score nothing
-# either way; in lesson 14 also a cell that hangs and one that raises. Each loses points in its own cell.
+# The flawed submission carries every partial answer (executing a notebook is what the round costs): the lesson's
+# typical mistake, caught by one hidden cell; where the lesson has a test-writing exercise, that test answered with
+# one that asserts nothing, whose cell must score 0; the extensions left as released, which score nothing either
+# way; a cell that hangs and one that raises. Each loses points in its own cell. The round executes it for lesson
+# 14, whose flaws are of every kind; which cells each lesson's flaws break is graded without a notebook
+# (test_a_flawed_module_loses_exactly_the_cells_its_flaws_break).
 FLAWED = "flawed"
+FLAWED_IN = "14"
+
+
+def flaws(lesson):
+    """(the lesson's typical mistake, its test that asserts nothing or None)."""
+    return (next(m for m in lesson.mistakes if m.name == lesson.notebook_mistake),
+            next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None))
+
+
+def flawed_source(lesson) -> str:
+    """The reference module with the lesson's flaws."""
+    typical_mistake, no_op_test = flaws(lesson)
+    source = typical_mistake.source()
+    return no_op_test.source(source) if no_op_test is not None else source
 
 
 @dataclass(frozen=True)
@@ -235,24 +251,19 @@ class GradingRound:
 
 def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, str]:
     """(student -> notebook, student -> expected points per grade cell, the mistake's failing cell)."""
-    typical_mistake = next(m for m in lesson.mistakes if m.name == lesson.notebook_mistake)
-    no_op_test = next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None)
-    broken_cells = [HANG_CELL, RAISE_CELL] if lesson.lesson_id == BROKEN_CELLS_IN else []
+    typical_mistake, no_op_test = flaws(lesson)
     release = read(release_path(lesson, course_dir))
     solved = read(source_path(lesson, course_dir))
-    flawed_source = typical_mistake.source()
-    if no_op_test is not None:
-        flawed_source = no_op_test.source(flawed_source)
-    flawed = read(build_source(lesson, scratch / FLAWED, reference_source=flawed_source))
     points = grade_cells(solved)
     # The lesson's notebook_mistake is caught by a hidden check only, so exactly one grade cell fails.
     failing = grade_cell_running(solved, typical_mistake.caught_by)
-    accepted_no_op = grade_cell_running(solved, no_op_test.caught_by) if no_op_test is not None else None
-    assert failing != accepted_no_op, "the mistake and the no-op test must lose points in different cells"
-    students = {"reference": answered(release, solved), "untouched": release,
-                FLAWED: unsolved_extensions(answered(release, flawed, broken_cells), release, lesson)}
-    expected = {"reference": points, "untouched": {cell: 0 for cell in points},
-                FLAWED: {cell: 0 if cell in (failing, accepted_no_op) else p for cell, p in points.items()}}
+    students = {"reference": answered(release, solved), "untouched": release}
+    expected = {"reference": points, "untouched": {cell: 0 for cell in points}}
+    if lesson.lesson_id == FLAWED_IN:
+        flawed = read(build_source(lesson, scratch / FLAWED, reference_source=flawed_source(lesson)))
+        no_op_cell = grade_cell_running(solved, no_op_test.caught_by)
+        students[FLAWED] = unsolved_extensions(answered(release, flawed, [HANG_CELL, RAISE_CELL]), release, lesson)
+        expected[FLAWED] = {cell: 0 if cell in (failing, no_op_cell) else p for cell, p in points.items()}
     return students, expected, failing
 
 
@@ -302,11 +313,9 @@ def test_reference_submission_executes_top_to_bottom_and_draws_its_figures(lesso
 
 @pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
 def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, grading_round):
-    """Full marks for the reference, zero in every grade cell for the untouched release, and for the flawed
-    submission exactly the cells its flaws break: the typical mistake's (hidden) cell and, where the lesson
-    has a test-writing exercise, that of a test that asserts nothing; its extensions, left as released, fail
-    their check cells; in lesson 14 it also has a cell that hangs and one that raises, and grading goes on
-    past both. Each student gets feedback, and grades.csv holds every total."""
+    """Full marks for the reference, zero in every grade cell for the untouched release and, in lesson 14, for
+    the flawed submission exactly the cells its flaws break: the typical mistake's (hidden) cell and that of a
+    test that asserts nothing. Each student gets feedback, and grades.csv holds every total."""
     from nbgrader.api import Gradebook
 
     expected = grading_round.expected[lesson.name]
@@ -327,23 +336,42 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, g
                     if row["assignment"] == lesson.name and row["student_id"] in expected}
     want = {student: float(sum(cells.values())) for student, cells in expected.items()}
     assert exported == want, f"grades.csv totals\n  ACTUAL:   {exported}\n  EXPECTED: {want}"
-    if lesson.optional_exercises:
-        graded_nb = read(autograded(grading_round, FLAWED, lesson))
-        failed = {c.metadata["nbgrader"]["grade_id"] for c in graded_nb.cells
-                  if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("check_")
-                  and any(o.output_type == "error" for o in c.get("outputs", []))}
-        # The test that asserts nothing may also fail its exercise's hardening cell (lesson 17's asks the test to
-        # fail one more wrong mask); that cell scores nothing either way.
-        no_op_test = next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None)
-        failed -= {f"check_{no_op_test.function}_hardening"} if no_op_test is not None else set()
-        assert failed == {f"check_{e.name}" for e in lesson.optional_exercises}, (
-            f"unsolved extensions' check cells should fail (and score nothing): {sorted(failed)}")
-    if lesson.lesson_id == BROKEN_CELLS_IN:
-        broken = read(autograded(grading_round, FLAWED, lesson))
-        errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
-                  for c in broken.cells if c.cell_type == "code"}
-        assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
-            f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
+
+
+def test_autograde_goes_on_past_unsolved_extensions_a_hang_and_a_crash(grading_round):
+    """Lesson 14's flawed submission: its extensions, left as released, fail their check cells (and score
+    nothing); its cell that hangs times out and its cell that raises fails, each on its own."""
+    lesson = next(lesson for lesson in ASSIGNMENT_NOTEBOOKS if lesson.lesson_id == FLAWED_IN)
+    graded_nb = read(autograded(grading_round, FLAWED, lesson))
+    failed = {c.metadata["nbgrader"]["grade_id"] for c in graded_nb.cells
+              if c.metadata.get("nbgrader", {}).get("grade_id", "").startswith("check_")
+              and any(o.output_type == "error" for o in c.get("outputs", []))}
+    # The test that asserts nothing may also fail its exercise's hardening cell; that cell scores nothing either way.
+    failed -= {f"check_{flaws(lesson)[1].function}_hardening"}
+    assert lesson.optional_exercises and failed == {f"check_{e.name}" for e in lesson.optional_exercises}, (
+        f"unsolved extensions' check cells should fail (and score nothing): {sorted(failed)}")
+    errors = {c.source: [o.ename for o in c.outputs if o.output_type == "error"]
+              for c in graded_nb.cells if c.cell_type == "code"}
+    assert "CellTimeoutError" in errors[HANG_CELL] and errors[RAISE_CELL] == ["RuntimeError"], (
+        f"the broken cells should fail on their own: {errors[HANG_CELL]}, {errors[RAISE_CELL]}")
+
+
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_a_flawed_module_loses_exactly_the_cells_its_flaws_break(lesson):
+    """Every lesson's flawed submission without executing its notebook: its module, graded by the checks the
+    scored grade cells run, fails exactly the typical mistake's cell, a hidden one, and, where the lesson has
+    a test-writing exercise, the cell of the test that asserts nothing (another one). The round shows nbgrader
+    scoring such cells on lesson 14's notebook."""
+    typical_mistake, no_op_test = flaws(lesson)
+    module = module_from_source(flawed_source(lesson), f"flawed_{lesson.lesson_id}", f"<flawed {lesson.name}>")
+    passed = {r.check for e in grade_exercises(lesson, module) for r in e.checks if r.status == PASS}
+    cells = scored_cells(lesson)
+    lost = {grade_id for grade_id, _, names in cells if not set(names) <= passed}
+    breaking = [typical_mistake] + ([no_op_test] if no_op_test is not None else [])
+    expected = [next(grade_id for grade_id, _, names in cells if m.caught_by in names) for m in breaking]
+    assert expected[0].startswith("hidden_") and len(set(expected)) == len(expected), (
+        f"the typical mistake should lose a hidden cell, the no-op test another: {expected}")
+    assert lost == set(expected), f"grade cells the flaws lose\n  ACTUAL:   {sorted(lost)}\n  EXPECTED: {expected}"
 
 
 def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
@@ -353,7 +381,7 @@ def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
     generate_feedback`` and ``nbgrader export`` then work on it unchanged."""
     from nbgrader.api import Gradebook
 
-    lesson = next(lesson for lesson in ASSIGNMENT_NOTEBOOKS if lesson.lesson_id == BROKEN_CELLS_IN)
+    lesson = next(lesson for lesson in ASSIGNMENT_NOTEBOOKS if lesson.lesson_id == FLAWED_IN)
     students = sorted(grading_round.expected[lesson.name])
     course = shutil.copytree(grading_round.course_dir, tmp_path / "course",
                              ignore=shutil.ignore_patterns("autograded", "feedback", "grades.csv"))
