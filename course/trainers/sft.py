@@ -44,31 +44,31 @@ class AssistantMaskedDataset(SFTDataset):
         return torch.tensor(input_ids, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
 
 
+def kept_positions(labels: torch.Tensor) -> int:
+    """The positions a sample (or a batch) of ``labels`` keeps once trimmed: up to its last target (1 without)."""
+    targets = (labels != -100).reshape(-1, labels.shape[-1]).any(dim=0).nonzero()
+    return int(targets[-1]) + 1 if len(targets) else 1
+
+
 def trimmed(input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch cut after its last target: the positions after it feed no loss (the model is causal), so the
     loss and its gradients are unchanged, and a batch of short conversations costs what they hold, not
     max_seq_len (upstream pads every sample to max_seq_len)."""
-    targets = (labels != -100).any(dim=0).nonzero()
-    end = int(targets[-1]) + 1 if len(targets) else 1
+    end = kept_positions(labels)
     return input_ids[:, :end], labels[:, :end]
 
 
-def micro_batches(dataset, order: list[int], batch_size: int) -> Iterator[TextBatch]:
-    """The ``TextBatch``es of ``dataset``'s samples in ``order``, ``batch_size`` at a time (the last may be
-    smaller), trimmed after their last target."""
+def micro_batches(samples, order: list[int], batch_size: int) -> Iterator[TextBatch]:
+    """The ``TextBatch``es of ``samples[i]`` (a dataset, or samples already drawn) for ``i`` in ``order``,
+    ``batch_size`` at a time (the last may be smaller), trimmed after their last target."""
     for start in range(0, len(order), batch_size):
-        samples = [dataset[i] for i in order[start:start + batch_size]]
-        input_ids, labels = trimmed(torch.stack([ids for ids, _ in samples]), torch.stack([y for _, y in samples]))
+        batch = [samples[i] for i in order[start:start + batch_size]]
+        input_ids, labels = trimmed(torch.stack([ids for ids, _ in batch]), torch.stack([y for _, y in batch]))
         yield TextBatch(input_ids, labels, shifted_target_count(labels))
 
 
-def conversation_lengths(dataset: SFTDataset) -> list[int]:
-    """Each conversation's characters: the order of their token counts, read without tokenizing."""
-    return [sum(len(message["content"]) for message in dataset.samples[i]) for i in range(len(dataset))]
-
-
-def length_bucketed(order: list[int], lengths: list[int], batch_size: int, pool: int) -> list[int]:
-    """``order`` with each run of ``pool`` micro-batches' samples sorted by length, then the full micro-batches
+def length_bucketed(order: list[int], lengths, batch_size: int, pool: int) -> list[int]:
+    """``order`` with each run of ``pool`` micro-batches' samples sorted by ``lengths[i]``, then the full micro-batches
     shuffled (torch's generator; a short one stays last): a micro-batch holds conversations of similar lengths,
     so trimming it after its last target leaves little padding. ``pool`` 0: ``order`` unchanged (upstream's
     random micro-batches)."""
