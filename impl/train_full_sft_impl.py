@@ -39,8 +39,8 @@ from course.runs.threads import add_threads_argument, cpu_threads
 from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, out_file, plot_losses, validation_loss,
                                       write_report)
 from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer, config_of,
-                                 exact_answers, heldout_questions, kept_positions, last_question, length_bucketed,
-                                 micro_batches, score_line, validation_batches)
+                                 exact_answers, heldout_questions, last_question, micro_batches, score_line,
+                                 validation_batches)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,11 +49,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # updates (fewer fall off fast: pooled by characters, 7 epochs answered 80-93 %, 6 epochs 48 %), max_seq_len 128
 # (the longest chat has 124 tokens), upstream's empty think blocks (kept in 20 %) and no random system prompt (the
 # corpus has its own). Micro-batches of similar lengths (--length_pool 8): random ones, trimmed after their last
-# target, hold 1.56x the positions their samples keep, and one sampling order of them answered only 61 %; each
-# epoch's samples drawn first (a kept empty think block adds 15 tokens with this tokenizer), then pooled by the
-# positions each keeps, hold 1.08x, and the run answered 88.2-95.3 % under three CPU kernel families and one or two
-# threads. "minimind" is upstream's trainer/train_full_sft.py defaults (random micro-batches, its SFTDataset's
-# randomness) on upstream's data and tokenizer, which it cannot default to.
+# target, hold 1.56x the positions their samples keep, and one sampling order of them answered only 61 %; pooled by
+# the positions each drawn sample keeps (a kept empty think block adds 15 tokens with this tokenizer, so pooling by
+# characters left 1.37x), they hold 1.08x, and the run answered 91.6-94.3 % under three CPU kernel families and one
+# or two threads. "minimind" is upstream's trainer/train_full_sft.py defaults (random micro-batches, its
+# SFTDataset's randomness) on upstream's data and tokenizer, which it cannot default to.
 PRESETS = {
     "stories": dict(hidden_size=128, num_hidden_layers=1, epochs=9, batch_size=16, accumulation_steps=1,
                     learning_rate=5e-3, max_seq_len=128, length_pool=8, log_interval=50, eval_interval=200,
@@ -90,7 +90,7 @@ def parse_args(argv=None):
         parser.add_argument(f"--{name}", type=kind)
     parser.add_argument("--length_pool", type=int, metavar="MICRO_BATCHES",
                         help="sort each run of this many micro-batches' conversations by length, then shuffle the "
-                             "micro-batches: less padding (0: upstream's random micro-batches)")
+                             "run's micro-batches: less padding (0: upstream's random micro-batches)")
     parser.add_argument("--use_moe", type=int, default=0, choices=[0, 1])
     parser.add_argument("--grad_clip", type=float, default=1.0)
     parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
@@ -263,14 +263,8 @@ def train_epoch(stage: Stage, epoch: int) -> None:
     its own learning rate (upstream's cosine, per update); logs and evaluates on the way."""
     args, per_epoch = stage.args, stage.updates_per_epoch
     setup_seed(42 + epoch)
-    order, samples = torch.randperm(len(stage.train_set)).tolist(), stage.train_set
-    if args.length_pool:
-        # this epoch's samples drawn first (upstream's random think-block removal changes a sample's length by
-        # more than a short answer), pooled by the positions each keeps
-        samples = {i: stage.train_set[i] for i in order}
-        order = length_bucketed(order, {i: kept_positions(labels) for i, (_, labels) in samples.items()},
-                                args.batch_size, args.length_pool)
-    batches = micro_batches(samples, order, args.batch_size)
+    batches = micro_batches(stage.train_set, torch.randperm(len(stage.train_set)).tolist(), args.batch_size,
+                            args.length_pool)
     start = time.time()
     for update_in_epoch in range(1, per_epoch + 1):
         window = list(itertools.islice(batches, args.accumulation_steps))  # the epoch's last may be shorter

@@ -23,9 +23,8 @@ from course.minimind import MiniMindConfig, MiniMindForCausalLM, SFTDataset, loa
 from course.minimind.sft import render_chat
 from course.trainers import chat as chat_module
 from course.trainers.pretrain import STORIES_TOKENIZER
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset,
-                                 exact_answers, heldout_questions, length_bucketed, micro_batches, model_from_weights,
-                                 score_line)
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, exact_answers,
+                                 heldout_questions, micro_batches, model_from_weights, score_line)
 
 STAGE_PATH = REPO_ROOT / "impl" / "train_full_sft_impl.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -183,20 +182,44 @@ def test_micro_batches_cut_after_the_last_target_without_changing_the_loss():
 
 
 def test_length_pools_hold_similar_lengths_and_every_sample_once():
-    """--length_pool: each run of `pool` micro-batches is sorted by length before it is cut, the full micro-batches
-    are shuffled, a short last one stays last; every sample comes once; pool 0 keeps the order."""
-    lengths = [(7 * i) % 50 for i in range(45)]     # 45 samples: 5 micro-batches of 8 and one of 5
+    """--length_pool: the samples are drawn in the epoch's order, a run of `pool` micro-batches at a time; each run
+    is sorted by the positions each sample keeps, cut into micro-batches that go out shuffled within the run (a
+    short last one stays last), each trimmed to its longest sample; every sample comes once; pool 0 keeps the order
+    and draws one micro-batch at a time."""
+    keeps = [(7 * i) % 50 + 1 for i in range(45)]   # distinct; 45 samples: 5 micro-batches of 8 and one of 5
+
+    class Recorded(list):
+        """Sample i: input ids all i, its last target at position keeps[i] - 1; records the order of the draws."""
+        def __getitem__(self, i):
+            self.append(i)
+            return torch.full((64,), i), torch.tensor([-100] * (keeps[i] - 1) + [1] + [-100] * (64 - keeps[i]))
+
     order = torch.randperm(45, generator=torch.Generator().manual_seed(0)).tolist()
-    expect_equal("pool 0", length_bucketed(order, lengths, 8, 0), order)
-    torch.manual_seed(1)
-    pooled = length_bucketed(order, lengths, 8, 2)
-    expect_equal("the samples, each once", sorted(pooled), list(range(45)))
-    batches = [pooled[i:i + 8] for i in range(0, 45, 8)]
-    runs = [sorted(order[i:i + 16], key=lengths.__getitem__) for i in range(0, 45, 16)]
-    expected = sorted(run[i:i + 8] for run in runs for i in range(0, len(run), 8) if len(run[i:i + 8]) == 8)
-    expect_equal("the full micro-batches (any order): sorted runs of 2 micro-batches cut in 8s",
-                 sorted(batches[:-1]), expected)
-    expect_equal("the short micro-batch, last", batches[-1], runs[-1][8:])
+    for pool, drawn_ahead in ((0, 8), (2, 16)):
+        dataset, held = Recorded(), []
+        torch.manual_seed(1)
+        for batch in micro_batches(dataset, order, 8, pool):
+            held.append((batch.input_ids[:, 0].tolist(), batch.input_ids.shape[1], len(dataset)))
+        expect_equal(f"pool {pool}: the draws", list(dataset), order)
+        expect_equal(f"pool {pool}: samples drawn when the first micro-batch goes out", held[0][2], drawn_ahead)
+        expect_equal(f"pool {pool}: each micro-batch's width", [width for _, width, _ in held],
+                     [max(keeps[i] for i in ids) for ids, _, _ in held])
+        batches = [ids for ids, _, _ in held]
+        if pool == 0:
+            expect_equal("pool 0: micro-batches", batches, [order[i:i + 8] for i in range(0, 45, 8)])
+            continue
+        expect_equal("the samples, each once", sorted(sum(batches, [])), list(range(45)))
+        runs = [sorted(order[i:i + 16], key=keeps.__getitem__) for i in range(0, 45, 16)]
+        for number, run in enumerate(runs):
+            expect_equal(f"run {number}'s micro-batches (any order): its samples sorted by kept positions, cut in 8s",
+                         sorted(batches[2 * number:2 * number + 2]), sorted(run[i:i + 8] for i in range(0, len(run), 8)))
+        expect_equal("the short micro-batch, last", batches[-1], runs[-1][8:])
+
+    def pooled_with_seed(seed):
+        torch.manual_seed(seed)
+        return [batch.input_ids[:, 0].tolist() for batch in micro_batches(Recorded(), order, 8, 2)]
+    assert pooled_with_seed(1) == pooled_with_seed(1) != pooled_with_seed(2), (
+        "the runs' micro-batches should go out in an order drawn from torch's generator")
 
 
 def test_heldout_scoring_on_hand_made_answers(tmp_path):

@@ -58,27 +58,27 @@ def trimmed(input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor
     return input_ids[:, :end], labels[:, :end]
 
 
-def micro_batches(samples, order: list[int], batch_size: int) -> Iterator[TextBatch]:
-    """The ``TextBatch``es of ``samples[i]`` (a dataset, or samples already drawn) for ``i`` in ``order``,
-    ``batch_size`` at a time (the last may be smaller), trimmed after their last target."""
-    for start in range(0, len(order), batch_size):
-        batch = [samples[i] for i in order[start:start + batch_size]]
-        input_ids, labels = trimmed(torch.stack([ids for ids, _ in batch]), torch.stack([y for _, y in batch]))
-        yield TextBatch(input_ids, labels, shifted_target_count(labels))
+def text_batch(samples: list) -> TextBatch:
+    """The ``TextBatch`` of ``(input_ids, labels)`` samples, trimmed after their last target."""
+    input_ids, labels = trimmed(torch.stack([ids for ids, _ in samples]), torch.stack([y for _, y in samples]))
+    return TextBatch(input_ids, labels, shifted_target_count(labels))
 
 
-def length_bucketed(order: list[int], lengths, batch_size: int, pool: int) -> list[int]:
-    """``order`` with each run of ``pool`` micro-batches' samples sorted by ``lengths[i]``, then the full micro-batches
-    shuffled (torch's generator; a short one stays last): a micro-batch holds conversations of similar lengths,
-    so trimming it after its last target leaves little padding. ``pool`` 0: ``order`` unchanged (upstream's
-    random micro-batches)."""
-    if pool == 0:
-        return order
-    run = batch_size * pool
-    chunks = [sorted(order[start:start + run], key=lengths.__getitem__) for start in range(0, len(order), run)]
-    batches = [chunk[i:i + batch_size] for chunk in chunks for i in range(0, len(chunk), batch_size)]
-    short = batches.pop() if batches and len(batches[-1]) < batch_size else []   # only the last run ends short
-    return [index for i in torch.randperm(len(batches)).tolist() for index in batches[i]] + short
+def micro_batches(dataset, order: list[int], batch_size: int, length_pool: int = 0) -> Iterator[TextBatch]:
+    """The ``TextBatch``es of ``dataset``'s samples drawn in ``order``, ``batch_size`` at a time (the last may be
+    smaller). ``length_pool`` 0: upstream's random micro-batches. Else each run of that many micro-batches' samples
+    is drawn, sorted by the positions each keeps, cut into micro-batches, and these go out in a random order
+    (torch's generator; a short one last): similar lengths, little padding, one run in memory."""
+    run = batch_size * max(length_pool, 1)
+    for start in range(0, len(order), run):
+        drawn = [dataset[i] for i in order[start:start + run]]
+        if length_pool:
+            drawn.sort(key=lambda sample: kept_positions(sample[1]))
+        batches = [drawn[i:i + batch_size] for i in range(0, len(drawn), batch_size)]
+        if length_pool:
+            short = [batches.pop()] if len(batches[-1]) < batch_size else []   # only the epoch's last run
+            batches = [batches[i] for i in torch.randperm(len(batches)).tolist()] + short
+        yield from map(text_batch, batches)
 
 
 def validation_batches(dataset, batch_size: int) -> list:
