@@ -225,8 +225,7 @@ def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> S
     metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
                "figure": str(out_file(args, "full_sft", "_loss.png"))}
     return Stage(args=args, sft=sft, tokenizer=tokenizer, model=model, session=session, autocast_ctx=autocast_ctx,
-                 train_set=train_set, val_batches=val_batches,
-                 questions=questions, metrics=metrics)
+                 train_set=train_set, val_batches=val_batches, questions=questions, metrics=metrics)
 
 
 def describe(stage: Stage) -> str:
