@@ -211,10 +211,10 @@ def unsolved_extensions(nb, release, lesson):
 NO_OP_TEST = "test_asserts_nothing"
 
 
-def grade_cell_running(solved, check_name: str) -> str:
-    """grade_id of the grade cell of ``solved`` that runs the check ``check_name``."""
-    return next(c.metadata["nbgrader"]["grade_id"] for c in solved.cells
-                if c.metadata.get("nbgrader", {}).get("grade") and check_name in checks_called(c.source))
+def grade_cell_running(lesson, check_name: str) -> str:
+    """grade_id of the scored grade cell of ``lesson``'s notebook that runs the check ``check_name`` (the source
+    notebook's cells are these: test_grade_cells_run_every_check_of_the_lesson)."""
+    return next(grade_id for grade_id, _, names in scored_cells(lesson) if check_name in names)
 
 
 HANG_CELL = "import time\ntime.sleep(3600)  # a student's endless loop"
@@ -235,9 +235,8 @@ def flaws(lesson):
             next((m for m in lesson.mistakes if m.name == NO_OP_TEST), None))
 
 
-def flawed_source(lesson) -> str:
+def flawed_source(typical_mistake, no_op_test) -> str:
     """The reference module with the lesson's flaws."""
-    typical_mistake, no_op_test = flaws(lesson)
     source = typical_mistake.source()
     return no_op_test.source(source) if no_op_test is not None else source
 
@@ -256,12 +255,13 @@ def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, st
     solved = read(source_path(lesson, course_dir))
     points = grade_cells(solved)
     # The lesson's notebook_mistake is caught by a hidden check only, so exactly one grade cell fails.
-    failing = grade_cell_running(solved, typical_mistake.caught_by)
+    failing = grade_cell_running(lesson, typical_mistake.caught_by)
     students = {"reference": answered(release, solved), "untouched": release}
     expected = {"reference": points, "untouched": {cell: 0 for cell in points}}
     if lesson.lesson_id == FLAWED_IN:
-        flawed = read(build_source(lesson, scratch / FLAWED, reference_source=flawed_source(lesson)))
-        no_op_cell = grade_cell_running(solved, no_op_test.caught_by)
+        flawed = read(build_source(lesson, scratch / FLAWED,
+                                   reference_source=flawed_source(typical_mistake, no_op_test)))
+        no_op_cell = grade_cell_running(lesson, no_op_test.caught_by)
         students[FLAWED] = unsolved_extensions(answered(release, flawed, [HANG_CELL, RAISE_CELL]), release, lesson)
         expected[FLAWED] = {cell: 0 if cell in (failing, no_op_cell) else p for cell, p in points.items()}
     return students, expected, failing
@@ -363,12 +363,12 @@ def test_a_flawed_module_loses_exactly_the_cells_its_flaws_break(lesson):
     a test-writing exercise, the cell of the test that asserts nothing (another one). The round shows nbgrader
     scoring such cells on lesson 14's notebook."""
     typical_mistake, no_op_test = flaws(lesson)
-    module = module_from_source(flawed_source(lesson), f"flawed_{lesson.lesson_id}", f"<flawed {lesson.name}>")
+    module = module_from_source(flawed_source(typical_mistake, no_op_test), f"flawed_{lesson.lesson_id}",
+                                f"<flawed {lesson.name}>")
     passed = {r.check for e in grade_exercises(lesson, module) for r in e.checks if r.status == PASS}
-    cells = scored_cells(lesson)
-    lost = {grade_id for grade_id, _, names in cells if not set(names) <= passed}
+    lost = {grade_id for grade_id, _, names in scored_cells(lesson) if not set(names) <= passed}
     breaking = [typical_mistake] + ([no_op_test] if no_op_test is not None else [])
-    expected = [next(grade_id for grade_id, _, names in cells if m.caught_by in names) for m in breaking]
+    expected = [grade_cell_running(lesson, m.caught_by) for m in breaking]
     assert expected[0].startswith("hidden_") and len(set(expected)) == len(expected), (
         f"the typical mistake should lose a hidden cell, the no-op test another: {expected}")
     assert lost == set(expected), f"grade cells the flaws lose\n  ACTUAL:   {sorted(lost)}\n  EXPECTED: {expected}"

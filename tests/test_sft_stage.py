@@ -195,11 +195,16 @@ def test_length_pools_hold_similar_lengths_and_every_sample_once():
             return torch.full((64,), i), torch.tensor([-100] * (keeps[i] - 1) + [1] + [-100] * (64 - keeps[i]))
 
     order = torch.randperm(45, generator=torch.Generator().manual_seed(0)).tolist()
+
+    def drawn(pool: int, seed: int = 1):
+        """The draws, and (sample ids, width, samples drawn by then) of each micro-batch as it goes out."""
+        dataset = Recorded()
+        torch.manual_seed(seed)
+        return dataset, [(batch.input_ids[:, 0].tolist(), batch.input_ids.shape[1], len(dataset))
+                         for batch in micro_batches(dataset, order, 8, pool)]
+
     for pool, drawn_ahead in ((0, 8), (2, 16)):
-        dataset, held = Recorded(), []
-        torch.manual_seed(1)
-        for batch in micro_batches(dataset, order, 8, pool):
-            held.append((batch.input_ids[:, 0].tolist(), batch.input_ids.shape[1], len(dataset)))
+        dataset, held = drawn(pool)
         expect_equal(f"pool {pool}: the draws", list(dataset), order)
         expect_equal(f"pool {pool}: samples drawn when the first micro-batch goes out", held[0][2], drawn_ahead)
         expect_equal(f"pool {pool}: each micro-batch's width", [width for _, width, _ in held],
@@ -212,13 +217,11 @@ def test_length_pools_hold_similar_lengths_and_every_sample_once():
         runs = [sorted(order[i:i + 16], key=keeps.__getitem__) for i in range(0, 45, 16)]
         for number, run in enumerate(runs):
             expect_equal(f"run {number}'s micro-batches (any order): its samples sorted by kept positions, cut in 8s",
-                         sorted(batches[2 * number:2 * number + 2]), sorted(run[i:i + 8] for i in range(0, len(run), 8)))
+                         sorted(batches[2 * number:2 * number + 2]),
+                         sorted(run[i:i + 8] for i in range(0, len(run), 8)))
         expect_equal("the short micro-batch, last", batches[-1], runs[-1][8:])
 
-    def pooled_with_seed(seed):
-        torch.manual_seed(seed)
-        return [batch.input_ids[:, 0].tolist() for batch in micro_batches(Recorded(), order, 8, 2)]
-    assert pooled_with_seed(1) == pooled_with_seed(1) != pooled_with_seed(2), (
+    assert drawn(2, seed=1)[1] == drawn(2, seed=1)[1] != drawn(2, seed=2)[1], (
         "the runs' micro-batches should go out in an order drawn from torch's generator")
 
 
