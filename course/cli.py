@@ -7,6 +7,7 @@
     python -m course check 14 --all               # also the hardening tiers and extensions (never in the exit code)
     python -m course check 14 --only cosine_lr    # only these exercises (repeat it, or a comma list)
     python -m course hint 14 cosine_lr            # the next hint for one exercise (remembered locally)
+    python -m course answer 14 5.4                # the answer to a section's question, after you wrote yours
     python -m course align 14                     # the lesson's alignment report for your impl/
     python -m course mutants 14                   # automatic mutants of the reference the checks miss
     python -m course mistakes 14                  # the typical mistakes the checks catch, and what each edits
@@ -38,12 +39,12 @@ from .checks.results import SKIP, describe, grade_exercises
 from .classroom.confinement import Limits, unavailable
 from .classroom.grade_class import ClassRun, run_class
 from .classroom.pool import Settings
-from .implementations import REPO_ROOT
+from .implementations import REPO_ROOT, impl_root
 from .input_errors import InputError, refuse
+from .lesson_texts import section_numbers, section_text, untouched
 from .runs.kernels import available_families
 from .runs.threads import positive_integer
 from .scaffold import new_lesson
-from .input_errors import InputError, refuse
 from .trainers.chat import add_chat_arguments, chat
 
 
@@ -70,13 +71,31 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
             exercises[-1]["hardening"] = row
         else:
             exercises.append({"exercise": result.exercise.name, "section": result.exercise.section,
-                              "tier": result.tier, "optional": result.tier == OPTIONAL, **row})
+                              "tier": result.tier, "optional": result.tier == OPTIONAL, **row,
+                              "next": next_step(lesson, result.exercise, row["status"])})
     core = [e for e in exercises if e["tier"] == CORE]
     return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only, "exercises": exercises,
             "hints_used": hints.used(lesson_id),
             "passed": sum(e["status"] == PASS for e in core), "total": len(core),
             HARDENING: _tier_summary([e["hardening"] for e in core if "hardening" in e]),
             OPTIONAL: _tier_summary([e for e in exercises if e["tier"] == OPTIONAL])}
+
+
+def answer_section(exercise) -> str:
+    """The number of the lesson section an exercise's question is in ("14 §5.4" -> "5.4")."""
+    return exercise.section.split("§")[1]
+
+
+def next_step(lesson, exercise, status: str) -> str:
+    """What to do after a result: a passed exercise compares with the answer's reasoning, a failed one climbs
+    the hint ladder; "" otherwise (TODO, not graded, or no answer written for the section)."""
+    answers = lesson.files()["answers (en)"]
+    if status == PASS and answers.is_file() and answer_section(exercise) in section_numbers(answers):
+        return (f"compare with the reference reasoning: python -m course answer {lesson.lesson_id} "
+                f"{answer_section(exercise)}")
+    if status not in (PASS, TODO, SKIP) and exercise.name in lesson.hints:
+        return f"stuck? python -m course hint {lesson.lesson_id} {exercise.name} (the next of {len(hints.LEVELS)} hints)"
+    return ""
 
 
 def _result_row(lesson_id: str, result) -> dict:
@@ -117,6 +136,8 @@ def print_table(report: dict, lesson_text: str) -> None:
                     print(f"      {line}")
             for warning in row["warnings"]:
                 print(f"      warning (not graded): {warning}")
+            if tier != HARDENING and e.get("next"):
+                print(f"      {e['next']}")
     if report["hints_used"]:
         count = len(hints.LEVELS)
         print("  hints used: " + ", ".join(f"{name} {level}/{count}" for name, level in report["hints_used"].items()))
@@ -183,6 +204,31 @@ def cmd_hint(args) -> int:
     more = (f"python -m course hint {lesson.lesson_id} {args.exercise} shows hint {level + 1} "
             f"({hints.LEVELS[level]})" if level < count else "that was the last hint")
     print(f"\nnext: {more}; python -m course check {lesson.lesson_id} --only {args.exercise} grades it")
+    return 0
+
+
+def cmd_answer(args) -> int:
+    """Print the answer to one section's questions; first a one-line note if its exercise is still a stub."""
+    lesson = get_lesson(args.lesson)
+    language = "zh" if args.zh else "en"
+    path = lesson.files()[f"answers ({language})"]
+    text = section_text(path, args.section.lstrip("§")) if path.is_file() else None
+    if text is None:
+        known = ", ".join(section_numbers(path)) if path.is_file() else "none"
+        print(f"error: lesson {lesson.lesson_id} has no answer numbered {args.section!r} "
+              f"(sections of {relative(path)}: {known})", file=sys.stderr)
+        return 2
+    try:
+        module_path = (Path(args.impl_dir).expanduser() if args.impl_dir else impl_root()) / lesson.module_file
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for exercise in lesson.exercises:
+        if answer_section(exercise) == args.section.lstrip("§") and untouched(module_path, exercise.name):
+            print(f"note: {exercise.name} in {module_path.name} is still the untouched stub - the answer below is "
+                  f"best read after your own attempt (python -m course hint {lesson.lesson_id} {exercise.name} "
+                  f"if stuck)\n")
+    print(text, end="")
     return 0
 
 
@@ -404,6 +450,15 @@ def build_parser() -> argparse.ArgumentParser:
     hint.add_argument("--again", action="store_true", help="show the last hint again instead of the next one")
     hint.add_argument("--reset", action="store_true", help="forget the hints shown for this exercise")
     hint.set_defaults(func=cmd_hint)
+    answer = sub.add_parser("answer", help="print the answer to a lesson section's questions (read it after you "
+                                           "wrote yours), e.g. answer 14 5.4")
+    answer.add_argument("lesson", choices=sorted(LESSONS))
+    answer.add_argument("section", help="the lesson section whose questions it answers, e.g. 5.4 (or 3: the "
+                                        "predictions)")
+    answer.add_argument("--zh", action="store_true", help="the Chinese answers")
+    answer.add_argument("--impl-dir", default=None, metavar="DIR",
+                        help="whose attempt the note looks at (default: impl/)")
+    answer.set_defaults(func=cmd_answer)
     align = sub.add_parser("align", help="print a lesson's alignment report and compare it with the reference's")
     align.add_argument("lesson", choices=sorted(LESSONS))
     align.add_argument("--impl", choices=["student", "reference"], default="student")

@@ -9,6 +9,10 @@ from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"   # the nbgrader course directory
 GRADER_DIR = REPO_ROOT / "course" / "checks"   # one package per lesson: lessonNN/
+LESSON_TEXTS = REPO_ROOT / "course" / "lessons"   # the lesson texts; answers/ and notes/ beside them, zh/ their twins
+# Besides the lesson itself (the why, each exercise as a question): its answers (``python -m course answer``, read
+# after an attempt) and its notes (engineering detail), each in its own folder.
+TEXT_KINDS = ("answers", "notes")
 
 # Roles of ``lesson_files`` that ``python -m course release`` generates: nobody writes them by hand.
 GENERATED_FILES = ("notebook source", "notebook release")
@@ -22,6 +26,8 @@ def lesson_files(lesson_id: str, slug: str, module: str, labs: Sequence[str] = (
     return {
         "lesson text (en)": REPO_ROOT / "course" / "lessons" / f"{name}.md",
         "lesson text (zh)": REPO_ROOT / "course" / "lessons" / "zh" / f"{name}.md",
+        **{f"{kind} ({language})": LESSON_TEXTS / where / kind / f"{name}.md"
+           for kind in TEXT_KINDS for language, where in (("en", "."), ("zh", "zh"))},
         "stub": STUDENT_DIR / f"{module}.py",
         "reference": REFERENCE_DIR / f"{module}.py",
         "descriptor": package / "__init__.py",

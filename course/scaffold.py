@@ -1,6 +1,6 @@
 """``python -m course new-lesson NN slug``: write the skeleton of every file a lesson needs.
 
-The files are the ones ``Lesson.files()`` lists (lesson texts en + zh, stub, reference, the package
+The files are the ones ``Lesson.files()`` lists (lesson texts en + zh with their answers and notes, stub, reference, the package
 ``course/checks/lessonNN/`` with its descriptor, checks and mistakes, test, notebook), except the notebooks
 ``python -m course release`` generates. Every place the author still has to fill holds ``AUTHOR_TODO``; the completeness
 test (tests/test_lessons_complete.py) fails until none is left, the lesson has a catalogued mistake
@@ -164,6 +164,8 @@ Chinese version: [zh/{name}.md](zh/{name}.md).
 
 {todo}: the contract, the oracle function it aligns with, and what to predict before running the check.
 
+After you have written yours: `python -m course answer {id} 1.1`. Engineering detail: [notes](notes/{name}.md).
+
 ## 2. Commands
 
 ```bash
@@ -183,11 +185,59 @@ TEXT_ZH = '''# 第 {id} 课：{title}
 
 {todo}：约定、对齐的 oracle 函数、运行检查之前要先预测什么。
 
+写完你自己的版本之后：`python -m course answer {id} 1.1`。工程细节：[说明](notes/{name}.md)。
+
 ## 2. 命令
 
 ```bash
 python -m course check {id} --impl reference
 ```
+'''
+
+ANSWERS_EN = '''# Lesson {id} answers: {title}
+
+Read a section after you have written your own answer: `python -m course answer {id} SECTION` prints one.
+
+Chinese version: [../zh/answers/{name}.md](../zh/answers/{name}.md).
+
+## 1.1 `first_exercise`
+
+{todo}: the question of lesson §1.1 in one line, then its answer and the reasoning.
+'''
+
+ANSWERS_ZH = '''# 第 {id} 课答案：{title}
+
+写完你自己的答案之后再读：`python -m course answer {id} 节号` 打印其中一节。
+
+英文版：[../../answers/{name}.md](../../answers/{name}.md)。
+
+## 1.1 `first_exercise`
+
+{todo}：用一行复述第 1.1 节的问题，然后是答案和推理。
+'''
+
+NOTES_EN = '''# Lesson {id} notes: {title}
+
+Engineering detail for maintainers and curious students: tolerances, measurements, internals.
+
+Chinese version: [../zh/notes/{name}.md](../zh/notes/{name}.md).
+
+<a id="l{id}-notes-checks"></a>
+## 1. What the checks compare
+
+{todo}: each check's tolerance and why an equivalent solution passes it.
+'''
+
+NOTES_ZH = '''# 第 {id} 课说明：{title}
+
+给维护者和好奇的学生的工程细节：容差、测量、内部实现。
+
+英文版：[../../notes/{name}.md](../../notes/{name}.md)。
+
+<a id="l{id}-notes-checks"></a>
+## 1. 检查比较什么
+
+{todo}：每项检查的容差，以及等价的解法为什么能通过。
 '''
 
 
@@ -200,7 +250,7 @@ EQUIVALENT_MUTANTS: dict[str, str] = {{
 '''
 
 
-HINTS = '''"""Lesson {id}'s hint ladder (``python -m course hint {id} EXERCISE``; collapsed in the notebook)."""
+HINTS = '''"""Lesson {id}'s hint ladder (``python -m course hint {id} EXERCISE``; the notebook names the command)."""
 
 HINTS: dict[str, tuple[str, ...]] = {{
     "first_exercise": (
@@ -218,6 +268,10 @@ HINTS: dict[str, tuple[str, ...]] = {{
 TEMPLATES = {
     "lesson text (en)": TEXT_EN,
     "lesson text (zh)": TEXT_ZH,
+    "answers (en)": ANSWERS_EN,
+    "answers (zh)": ANSWERS_ZH,
+    "notes (en)": NOTES_EN,
+    "notes (zh)": NOTES_ZH,
     "stub": STUB,
     "reference": REFERENCE,
     "descriptor": DESCRIPTOR,

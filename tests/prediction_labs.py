@@ -1,4 +1,5 @@
-"""A lesson's "predict, then verify" lab: what it prints, and the printout a lesson text shows for it. The
+"""A lesson's "predict, then verify" lab: what it prints, and the printout its answers text shows for it (the
+lesson asks the predictions; the answers, ``python -m course answer NN SECTION``, show what the lab measured). The
 lessons' prediction tests (tests/test_lessonNN_predictions.py) compare the two and recompute the answers."""
 from __future__ import annotations
 
@@ -36,8 +37,13 @@ def lesson_texts(lesson_id: str) -> list[Path]:
     return [files["lesson text (en)"], files["lesson text (zh)"]]
 
 
+def answers_texts(lesson_id: str) -> list[Path]:
+    files = get_lesson(lesson_id).files()
+    return [files["answers (en)"], files["answers (zh)"]]
+
+
 def printed_output(lesson: Path, command: str) -> str:
-    """The ```text block that follows the lab's ```bash command in ``lesson``."""
+    """The ```text block that follows the lab's ```bash command in ``lesson`` (a lesson's answers text)."""
     text = lesson.read_text(encoding="utf-8")
     after = text[text.index(f"```bash\n{command}\n```"):]
     start = after.index("```text\n") + len("```text\n")
@@ -53,19 +59,19 @@ def assert_shows_the_printout(lesson: Path, command: str, printout: str, section
 
 
 def text_id(lesson: Path) -> str:
-    return f"{lesson.parent.name}/{lesson.name}"
+    return lesson.relative_to(REPO_ROOT / "course" / "lessons").as_posix()
 
 
 def printout_tests(lesson_id: str, section: str):
     """A prediction test module's module fixture ``lab_output`` (the lab's printout, made once) and its test
-    that both lesson texts show that printout after the lab's command, in ``section``."""
+    that both answers texts (en, zh) show that printout after the lab's command, in ``section``."""
     lab, command = prediction_lab(lesson_id), lab_command(lesson_id)
 
     @pytest.fixture(scope="module")
     def lab_output() -> str:
         return printout(lab)
 
-    @pytest.mark.parametrize("lesson", lesson_texts(lesson_id), ids=text_id)
+    @pytest.mark.parametrize("lesson", answers_texts(lesson_id), ids=text_id)
     def test_lesson_prints_what_the_lab_prints(lab_output, lesson):
         assert_shows_the_printout(lesson, command, lab_output, section)
     return lab_output, test_lesson_prints_what_the_lab_prints

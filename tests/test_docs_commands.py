@@ -1,10 +1,10 @@
-"""Every command in the README and the lessons runs, with the exit code the text promises.
+"""Every command in the README and the lessons' texts (lesson, answers, notes) runs, with the exit code the text promises.
 
 Convention for authors: each non-empty line of a ```bash block is one command, run from the repo
 root with ``bash -c``. A line may end with ``# expect exit N`` (e.g. a check on untouched stubs
 exits 1); otherwise it must exit 0. The install and test commands are what CI itself runs, so
 here they are checked to appear verbatim in .ci/run instead of being run recursively.
-Each Chinese lesson must carry exactly the commands of its English twin.
+Each Chinese text must carry exactly the commands of its English twin.
 A command's output shown in a doc (``<!-- output of: COMMAND -->`` before a ```text block) is compared with
 the real one, numbers within the tolerances of course/doc_outputs.py.
 """
@@ -26,7 +26,16 @@ EXPECT = re.compile(r"\s+#\s*expect exit (\d+)\s*$")
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md"] + sorted(LESSONS.glob("*.md")) + sorted((LESSONS / "zh").glob("*.md"))
+    """The README and every lesson's three texts (lesson, answers, notes), English then Chinese."""
+    return [ROOT / "README.md"] + english_texts() + [chinese_twin(path) for path in english_texts()]
+
+
+def english_texts() -> list[Path]:
+    return sorted(LESSONS.glob("*.md")) + sorted(LESSONS.glob("answers/*.md")) + sorted(LESSONS.glob("notes/*.md"))
+
+
+def chinese_twin(english: Path) -> Path:
+    return LESSONS / "zh" / english.relative_to(LESSONS)
 
 
 def commands_in(path: Path) -> list[str]:
@@ -55,9 +64,9 @@ def test_docs_have_commands():
     assert len(all_commands()) >= 4, f"expected the README quickstart commands, found {all_commands()}"
 
 
-@pytest.mark.parametrize("english", sorted(LESSONS.glob("*.md")), ids=lambda p: p.name)
+@pytest.mark.parametrize("english", english_texts(), ids=lambda p: p.relative_to(LESSONS).as_posix())
 def test_chinese_twin_has_the_same_commands(english):
-    twin = LESSONS / "zh" / english.name
+    twin = chinese_twin(english)
     assert twin.is_file(), f"{english.name} has no Chinese twin at {twin.relative_to(ROOT)}"
     assert commands_in(twin) == commands_in(english), (
         f"commands differ\n  ACTUAL (zh): {commands_in(twin)}\n  EXPECTED (en): {commands_in(english)}")

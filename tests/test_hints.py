@@ -1,6 +1,6 @@
 """The hint ladder: ``python -m course hint NN EXERCISE`` shows one hint more each time (the idea, where to look,
 the rule, a near-solution), remembers it in a local file, and ``check`` reports how many were used; the notebook
-carries the same hints folded under each exercise."""
+names the hint command (and the answer command) under each exercise."""
 from __future__ import annotations
 
 import json
@@ -62,7 +62,7 @@ def test_a_ladder_needs_every_level():
 
 
 @pytest.mark.parametrize("lesson", sorted(LESSONS.values(), key=lambda l: l.lesson_id), ids=lambda l: l.lesson_id)
-def test_the_notebook_folds_each_hint_under_its_exercise(lesson, tmp_path):
+def test_the_notebook_points_to_the_hints_and_the_answer_under_each_exercise(lesson, tmp_path):
     import nbformat
     nb = nbformat.read(build_source(lesson, tmp_path), as_version=4)
     ids = [cell.id for cell in nb.cells]
@@ -70,7 +70,11 @@ def test_the_notebook_folds_each_hint_under_its_exercise(lesson, tmp_path):
         position = ids.index(f"hints-{exercise}")
         assert ids[position - 1] == exercise, f"the hints of {exercise} should follow its cell, not {ids[position - 1]}"
         text = nb.cells[position].source
-        assert text.count("<details>") == len(hints.LEVELS) and ladder[-1] in text, text[:300]
+        section = lesson.exercise(exercise).section.split("§")[1]
+        for command in (f"python -m course hint {lesson.lesson_id} {exercise}",
+                        f"python -m course answer {lesson.lesson_id} {section}"):
+            assert command in text, f"ACTUAL {text!r}\nEXPECTED it to name `{command}`"
+        assert not any(hint in text for hint in ladder), f"a hint stands in the notebook's markdown: {text!r}"
 
 
 @pytest.mark.parametrize("lesson", sorted(LESSONS.values(), key=lambda l: l.lesson_id), ids=lambda l: l.lesson_id)

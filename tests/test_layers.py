@@ -20,6 +20,7 @@ LAYERS = {
     "course.minimind": 0,
     "course.implementations": 1,
     "course.layout": 1,
+    "course.lesson_texts": 1,
     "course.doc_outputs": 1,
     "course.runs": 1,
     "course.protocol": 1,

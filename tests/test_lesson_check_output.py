@@ -1,6 +1,6 @@
 """The `python -m course check NN` tables that the lessons show are what the CLI prints today.
 
-A lesson's ```text block that starts with ``Lesson NN - student`` (untouched stubs) or
+A lesson text's (or its answers' or notes') ```text block that starts with ``Lesson NN - student`` (untouched stubs) or
 ``Lesson NN - reference`` must equal the command's output line for line.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ TABLE_START = re.compile(r"^Lesson (\d+) - (student|reference)$")
 def shown_tables() -> list[tuple[str, str, str, str]]:
     """(lesson file, lesson id, impl, block text) for every check table a lesson shows."""
     found = []
-    for path in sorted(LESSONS.glob("*.md")) + sorted((LESSONS / "zh").glob("*.md")):
+    for path in sorted(LESSONS.rglob("*.md")):   # every lesson's three texts, English and Chinese
         for block in re.findall(r"```text\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
             match = TABLE_START.match(block.splitlines()[0])
             if match:

@@ -172,12 +172,12 @@ def test_release_holds_no_solution_and_no_hidden_test(lesson, course_dir):
     source = read(source_path(lesson, course_dir))
     source_text = "\n".join(c.source for c in source.cells)
     release = read(release_path(lesson, course_dir))
-    # The folded hint cells carry the lesson's hint ladders on purpose (the last level is a near-solution):
-    # each must be exactly its ladder, and the rest of the release must hold no solution line.
+    # Each exercise's hint cell names the hint and answer commands (neither stands in the notebook), and the
+    # release holds no solution line.
     hint_cells = {c.id: c.source for c in release.cells if c.id.startswith("hints-")}
-    assert hint_cells == {f"hints-{name}": notebook_cell(name, ladder) for name, ladder in lesson.hints.items()}, \
-        f"hint cells differ from the lesson's ladders: {sorted(hint_cells)}"
-    release_text = "\n".join(c.source for c in release.cells if c.id not in hint_cells)
+    assert hint_cells == {f"hints-{name}": notebook_cell(lesson.lesson_id, name, lesson.exercise(name).section.split("§")[1])
+                          for name in lesson.hints}, f"hint cells differ from the lesson's: {sorted(hint_cells)}"
+    release_text = "\n".join(c.source for c in release.cells)
     # Every non-trivial line between the solution markers of the source is gone from the release.
     solution_lines = {line.strip() for c in source.cells for part in c.source.split("### BEGIN SOLUTION")[1:]
                       for line in part.split("### END SOLUTION")[0].splitlines() if len(line.strip()) > 25}

@@ -1,12 +1,14 @@
-"""The Chinese lessons are translated, not copied: math labels, headings, the link to the English text
-and the diagrams of each ``course/lessons/zh/NN_*.md`` are Chinese.
+"""The Chinese texts are translated, not copied: math labels, headings, the link to the English text
+and the diagrams of each ``course/lessons/zh/NN_*.md`` (and of its answers and notes, ``zh/answers/``,
+``zh/notes/``) are Chinese.
 
 Rules (each proven able to fail by ``test_the_rules_flag_an_untranslated_twin``):
 
 * math: a ``\\text{...}`` holding an English word (two or more ASCII letters) must also hold Chinese.
   Sub- and superscript labels (``B_{\\text{eff}}``) are symbol names shared with the English text,
   and identifiers belong in ``\\texttt{...}``, so both are allowed;
-* header and headings: the twin links the English text as ``英文版：[...](../NN_*.md)``, and a heading
+* header and headings: the twin links the English text as ``英文版：[...](../NN_*.md)`` (answers and notes:
+  ``../../answers/NN_*.md``, ``../../notes/NN_*.md``), and a heading
   with an English word outside code spans and math must also hold Chinese;
 * diagrams: a ```text block copied verbatim from the English twin must be program output. Output is
   recognised by its words: at least two thirds of its English phrases (two or more words; quoted
@@ -15,6 +17,7 @@ Rules (each proven able to fail by ``test_the_rules_flag_an_untranslated_twin``)
 """
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -69,10 +72,11 @@ def untranslated_text_commands(zh: str) -> list[str]:
             if ENGLISH_WORD.search(m.group(1)) and not CHINESE.search(m.group(1))]
 
 
-def untranslated_headings(zh: str, english_name: str) -> list[str]:
+def untranslated_headings(zh: str, english_link: str) -> list[str]:
+    """``english_link``: the English text's path relative to the twin (``../NN_slug.md`` for a lesson)."""
     problems = [line for line in prose_lines(zh) if line.startswith("English version")]
-    if f"英文版：[../{english_name}](../{english_name})" not in zh:
-        problems.append(f"no line linking the English text as 英文版：[../{english_name}](../{english_name})")
+    if f"英文版：[{english_link}]({english_link})" not in zh:
+        problems.append(f"no line linking the English text as 英文版：[{english_link}]({english_link})")
     for line in prose_lines(zh):
         if re.match(r"#{1,6} ", line):
             words = re.sub(r"`[^`]*`|\$[^$]*\$", "", line)
@@ -96,32 +100,42 @@ def copied_non_output_blocks(zh: str, en: str) -> list[str]:
     return copied
 
 
-twins = pytest.mark.parametrize("english", sorted(LESSONS.glob("*.md")), ids=lambda p: p.name)
+# every lesson's three texts: the lesson, its answers and its notes (their twins: zh/, zh/answers/, zh/notes/)
+ENGLISH_TEXTS = sorted(LESSONS.glob("*.md")) + sorted(LESSONS.glob("answers/*.md")) + sorted(LESSONS.glob("notes/*.md"))
+twins = pytest.mark.parametrize("english", ENGLISH_TEXTS, ids=lambda p: p.relative_to(LESSONS).as_posix())
+
+
+def twin_of(english: Path) -> Path:
+    return LESSONS / "zh" / english.relative_to(LESSONS)
 
 
 def twin_texts(english: Path) -> tuple[str, str]:
-    return (LESSONS / "zh" / english.name).read_text(encoding="utf-8"), english.read_text(encoding="utf-8")
+    return twin_of(english).read_text(encoding="utf-8"), english.read_text(encoding="utf-8")
+
+
+def english_link(english: Path) -> str:
+    return Path(os.path.relpath(english, twin_of(english).parent)).as_posix()
 
 
 @twins
 def test_zh_math_labels_are_chinese(english):
     zh, _ = twin_texts(english)
     bad = untranslated_text_commands(zh)
-    assert not bad, f"zh/{english.name}: \\text{{...}} in English (translate it, or use \\texttt for an identifier): {bad}"
+    assert not bad, f"{twin_of(english).relative_to(LESSONS).as_posix()}: \\text{{...}} in English (translate it, or use \\texttt for an identifier): {bad}"
 
 
 @twins
 def test_zh_header_and_headings_are_chinese(english):
     zh, _ = twin_texts(english)
-    bad = untranslated_headings(zh, english.name)
-    assert not bad, f"zh/{english.name}: untranslated header or headings: {bad}"
+    bad = untranslated_headings(zh, english_link(english))
+    assert not bad, f"{twin_of(english).relative_to(LESSONS).as_posix()}: untranslated header or headings: {bad}"
 
 
 @twins
 def test_zh_text_blocks_copied_from_english_are_program_output(english):
     zh, en = twin_texts(english)
     bad = copied_non_output_blocks(zh, en)
-    assert not bad, f"zh/{english.name}: diagrams or tables copied from the English text, translate them: {bad}"
+    assert not bad, f"{twin_of(english).relative_to(LESSONS).as_posix()}: diagrams or tables copied from the English text, translate them: {bad}"
 
 
 # Excerpts of lesson 16's Chinese twin before it was translated (its header, math block, worked
@@ -156,8 +170,8 @@ def test_the_rules_flag_an_untranslated_twin():
     name = "16_token_weighted_training_session.md"
     english = "\n\n".join(f"```text\n{body}\n```" for info, body in fenced_blocks(OLD_ZH_16) if info == "text")
     assert untranslated_text_commands(OLD_ZH_16) == ["\\text{(one process)}"]
-    headings = untranslated_headings(OLD_ZH_16, name)
+    headings = untranslated_headings(OLD_ZH_16, f"../{name}")
     assert len(headings) == 3 and headings[0].startswith("English version") and headings[2] == "## 4. Exercises", headings
     assert len(copied_non_output_blocks(OLD_ZH_16, english)) == 3, copied_non_output_blocks(OLD_ZH_16, english)
     translated = OLD_ZH_16.replace("English version: [", "英文版：[").replace("Exercises", "练习")
-    assert untranslated_headings(translated, name) == []
+    assert untranslated_headings(translated, f"../{name}") == []

@@ -71,9 +71,10 @@ def validate(lesson_id: str, hints: Mapping[str, tuple[str, ...]], exercises) ->
                              f"got {len(ladder)}")
 
 
-def notebook_cell(exercise: str, ladder: tuple[str, ...]) -> str:
-    """Markdown of a cell that shows each hint folded (HTML ``details``): open one only when stuck."""
-    parts = [f"**Stuck on `{exercise}`?** Open one hint at a time."]
-    for level, (name, text) in enumerate(zip(LEVELS, ladder), start=1):
-        parts.append(f"<details><summary>Hint {level} of {len(LEVELS)}: {name}</summary>\n\n{text}\n\n</details>")
-    return "\n\n".join(parts)
+def notebook_cell(lesson_id: str, exercise: str, section: str) -> str:
+    """Markdown of the cell under an exercise: where its hints and, after an attempt, its answer are. Neither
+    stands in the notebook, whose markdown a student sees unfolded in its source (the CLI also remembers the
+    hints used)."""
+    return (f"**Stuck on `{exercise}`?** `python -m course hint {lesson_id} {exercise}` (in a terminal, or a cell "
+            f"starting with `!`) shows the next of {len(LEVELS)} hints, one per call: {', '.join(LEVELS)}. Once its "
+            f"test cell passes, compare with the reference reasoning: `python -m course answer {lesson_id} {section}`.")

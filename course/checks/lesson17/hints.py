@@ -1,4 +1,4 @@
-"""Lesson 17's hint ladder (``python -m course hint 17 EXERCISE``; collapsed in the notebook): per exercise the
+"""Lesson 17's hint ladder (``python -m course hint 17 EXERCISE``; the notebook names the command): per exercise the
 idea, where to look in the oracle, the rule, a near-solution - each a step closer to the answer."""
 
 HINTS: dict[str, tuple[str, ...]] = {
