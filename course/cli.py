@@ -14,6 +14,8 @@
     python -m course mistakes 14 --verify         # every catalogue entry's edit still applies to the reference
     python -m course syllabus                     # the README's syllabus table, from the descriptors
     python -m course release                      # regenerate every notebook's nbgrader source and release
+    python -m course workspace 14                 # your copy of the lesson's notebook, in notebooks/workspace/
+    python -m course check 14 --notebook PATH     # grade a notebook's exercises without a browser
     python -m course new-lesson 17 my_topic       # the skeleton of every file a new lesson needs
     python -m course kernels                      # the CPU kernel families torch runs on this machine
     python -m course grade-class 14 DIR           # every submission of a class: parallel, confined, resumable
@@ -25,12 +27,14 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Optional
 
 from .checks import LESSONS, get_lesson, hints
-from .checks.assignments import NOTEBOOKS_DIR, release_all
+from .checks.assignments import NOTEBOOKS_DIR, copy_to_workspace, notebook_lessons, release_all
+from .checks.notebook import notebook_module_source
 from .checks.catalogue import verify
 from .checks.framework import CORE, HARDENING, OPTIONAL, PASS, TODO
 from .checks.mutants import analyse, score_line, status_of
@@ -169,6 +173,8 @@ def only_exercises(lesson_id: str, values: Optional[list[str]]) -> Optional[list
 
 
 def cmd_check(args) -> int:
+    if args.notebook is not None:
+        return check_notebook(args)
     impls = ["dir"] if args.impl_dir is not None else ["student", "reference"] if args.impl == "both" else [args.impl]
     reports = []
     try:
@@ -178,6 +184,31 @@ def cmd_check(args) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return show_reports(args, reports)
+
+
+def check_notebook(args) -> int:
+    """Grade the exercises a notebook defines (its setup, exercise and added cells, run as one module), without
+    a browser or a kernel: the same checks as its grade cells."""
+    lesson = get_lesson(args.lesson)
+    if args.impl_dir is not None:
+        print("error: --notebook and --impl-dir each name what to grade: give one", file=sys.stderr)
+        return 2
+    try:
+        only = only_exercises(args.lesson, args.only)
+        source = notebook_module_source(Path(args.notebook))
+        with tempfile.TemporaryDirectory(prefix="notebook-check-") as folder:
+            (Path(folder) / lesson.module_file).write_text(source, encoding="utf-8")
+            report = grade_lesson(args.lesson, "dir", folder, args.all, only, args.jobs)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report["impl"] = args.notebook
+    return show_reports(args, [report])
+
+
+def show_reports(args, reports: list[dict]) -> int:
+    """Print the reports (a table each, or ``--json``); the exit code: 0 only when every core exercise passed."""
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, ensure_ascii=False))
     else:
@@ -331,9 +362,22 @@ def cmd_syllabus(args) -> int:
     return 0
 
 
+def cmd_workspace(args) -> int:
+    """Copy each (or the named) lesson's release notebook into the workspace, where no command writes again."""
+    lessons = [get_lesson(i) for i in args.lesson] if args.lesson else notebook_lessons()
+    for lesson in lessons:
+        path, written = copy_to_workspace(lesson)
+        path = Path(os.path.relpath(path)) if path.is_relative_to(Path.cwd()) else path   # as the student types it
+        state = "copied the release to" if written else "kept your notebook (never overwritten):"
+        print(f"{state} {path}\n  open it: jupyter lab {path}\n  grade it without a browser: "
+              f"python -m course check {lesson.lesson_id} --notebook {path}")
+    return 0
+
+
 def cmd_release(args) -> int:
     try:
-        paths = release_all(Path(args.course_dir) if args.course_dir else NOTEBOOKS_DIR, args.lesson or None)
+        paths = release_all(Path(args.course_dir) if args.course_dir else NOTEBOOKS_DIR, args.lesson or None,
+                            overwrite_work=args.overwrite_work)
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -433,6 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--impl", choices=["student", "reference", "both"], default="student",
                        help="which implementation to grade (default: student, i.e. impl/)")
     check.add_argument("--impl-dir", default=None, help="grade a directory laid out like impl/ instead")
+    check.add_argument("--notebook", default=None, metavar="PATH",
+                       help="grade the exercises of a notebook (e.g. notebooks/workspace/NN_*.ipynb) without a browser")
     check.add_argument("--json", action="store_true", help="print machine-readable results")
     check.add_argument("--all", action="store_true",
                        help="grade the hardening tiers and the optional extensions too (never in the exit code)")
@@ -479,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     release = sub.add_parser("release", help="rebuild the nbgrader source and student release of the notebooks")
     release.add_argument("lesson", nargs="*", help=f"lesson ids {sorted(LESSONS)} (default: every notebook)")
     release.add_argument("--course-dir", default=None, help="nbgrader course directory (default: notebooks/)")
+    release.add_argument("--overwrite-work", action="store_true",
+                         help="release over a release notebook that holds work (cells run, exercises written)")
+    workspace = sub.add_parser("workspace", help="copy the lessons' notebooks to notebooks/workspace/ (git-ignored; "
+                                                 "nothing regenerates them): work there")
+    workspace.add_argument("lesson", nargs="*", help=f"lesson ids {sorted(LESSONS)} (default: every notebook)")
+    workspace.set_defaults(func=cmd_workspace)
     release.set_defaults(func=cmd_release)
     kernels = sub.add_parser("kernels", help="list the CPU kernel families torch runs here (ATEN_CPU_CAPABILITY), "
                                              "this CPU's own last")

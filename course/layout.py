@@ -8,6 +8,8 @@ from typing import Sequence
 from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"   # the nbgrader course directory
+# A student's notebooks (``python -m course workspace``): git-ignored, and no command regenerates a file there.
+WORKSPACE_DIR = NOTEBOOKS_DIR / "workspace"
 GRADER_DIR = REPO_ROOT / "course" / "checks"   # one package per lesson: lessonNN/
 LESSON_TEXTS = REPO_ROOT / "course" / "lessons"   # the lesson texts; answers/ and notes/ beside them, zh/ their twins
 # Besides the lesson itself (the why, each exercise as a question): its answers (``python -m course answer``, read

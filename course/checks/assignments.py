@@ -30,7 +30,7 @@ import textwrap
 from pathlib import Path
 from typing import Optional
 
-from course.layout import NOTEBOOKS_DIR
+from course.layout import NOTEBOOKS_DIR, WORKSPACE_DIR
 
 from . import LESSONS, get_lesson
 from .framework import CORE, HARDENING, OPTIONAL, Lesson
@@ -359,11 +359,31 @@ def generate_release(assignment: str, course_dir: Path = NOTEBOOKS_DIR) -> None:
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
 
 
-def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]] = None) -> list[Path]:
-    """Rebuild the source and the release of every (or the named) lesson notebook."""
+def holds_work(notebook: Path) -> bool:
+    """Whether a release notebook holds someone's work: a cell was run, or an exercise cell no longer raises
+    ``NotImplementedError()`` (as generated, none was run and every exercise cell still raises)."""
+    import nbformat
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    return any(c.cell_type == "code" and (c.get("outputs") or c.get("execution_count")) for c in cells) or any(
+        "raise NotImplementedError()" not in c.source for c in cells
+        if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution"))
+
+
+def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]] = None,
+                overwrite_work: bool = False) -> list[Path]:
+    """Rebuild the source and the release of every (or the named) lesson notebook. A release that holds work
+    (``holds_work``: a student did the exercises in it) is refused before anything is written, unless
+    ``overwrite_work``."""
     if not (Path(course_dir) / "nbgrader_config.py").is_file():
         raise ValueError(f"course_dir {str(course_dir)!r} has no nbgrader_config.py (use notebooks/ or a copy)")
     lessons = [get_lesson(i) for i in lesson_ids] if lesson_ids else notebook_lessons()
+    worked = [release_path(lesson, course_dir) for lesson in lessons
+              if release_path(lesson, course_dir).is_file() and holds_work(release_path(lesson, course_dir))]
+    if worked and not overwrite_work:
+        raise ValueError(f"{', '.join(str(p) for p in worked)} hold work (cells were run or exercises written) that "
+                         f"a release would erase: python -m course workspace copies it to {WORKSPACE_DIR}, where "
+                         f"nothing is regenerated; --overwrite-work releases over it anyway")
     for lesson in lessons:
         build_source(lesson, course_dir)
     sources = {folder.name for folder in (Path(course_dir) / "source").iterdir() if folder.is_dir()}
@@ -373,3 +393,19 @@ def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]
         for lesson in lessons:
             generate_release(lesson.name, course_dir)
     return [release_path(lesson, course_dir) for lesson in lessons]
+
+
+def workspace_path(lesson: Lesson) -> Path:
+    """Where ``python -m course workspace`` puts a student's copy of the lesson's release notebook."""
+    return WORKSPACE_DIR / lesson.files()["notebook release"].name
+
+
+def copy_to_workspace(lesson: Lesson) -> tuple[Path, bool]:
+    """Copy the lesson's release notebook (with whatever work it holds) into the workspace, never over a copy
+    that is there: (the copy's path, whether it was written now)."""
+    target = workspace_path(lesson)
+    if target.exists():
+        return target, False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(lesson.files()["notebook release"].read_bytes())
+    return target, True

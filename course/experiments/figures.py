@@ -1,6 +1,7 @@
 """Saving figures: a lab's off-screen, a notebook's next to it."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -23,3 +24,26 @@ def show_and_save(fig, name: str, folder: str = "figures") -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.show()
     return path
+
+
+def explain_unfinished_exercises() -> None:
+    """In a notebook, a cell that calls an exercise whose cell still raises ``NotImplementedError`` (a figure drawn
+    from your functions, say) says which exercise to finish instead of showing a bare traceback; other errors
+    show as usual. Outside IPython it does nothing."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def unfinished(shell, kind, error, traceback, tb_offset=None):
+        frame = traceback
+        while frame.tb_next is not None:   # the innermost frame: the stub that raised
+            frame = frame.tb_next
+        name = getattr(frame.tb_frame.f_code, "co_qualname", frame.tb_frame.f_code.co_name)
+        print(f"This cell needs `{name}`, which still raises NotImplementedError: finish its exercise above, run "
+              f"that cell, then run this one again.", file=sys.stderr)
+
+    shell.set_custom_exc((NotImplementedError,), unfinished)
