@@ -158,6 +158,19 @@ def _negate_one_element(large):
     return edited
 
 
+def _negate_small_elements(large):
+    """In each gradient, every element of size in [SMALL_ELEMENT_FLOOR, SMALL_GRADIENT_ELEMENT) is negated: an error
+    of at least twice the floor, above assert_close's float32 default atol."""
+    edited = []
+    for name, grad in large:
+        small = (grad.abs() >= SMALL_ELEMENT_FLOOR) & (grad.abs() < SMALL_GRADIENT_ELEMENT)
+        if small.any():
+            grad[small] = -grad[small]
+            edited.append((name, grad))
+    return edited
+
+
+SMALL_ELEMENT_FLOOR = 1e-5
 ELEMENT_WISE = "compare the gradient tensors element-wise, each against the same parameter's expected gradient"
 
 
@@ -183,6 +196,11 @@ def edited_gradients(accumulate: Callable) -> list:
                      "correct except that one element of each gradient tensor (its last one holding >= 1 % of the "
                      "tensor's largest value) is negated", "a test that compares some elements (the first rows, "
                      f"a stride, the largest values) cannot see the others: {ELEMENT_WISE}, every element"),
+        GradientEdit("accumulate_small_elements_negated", accumulate, _negate_small_elements,
+                     "correct except that every gradient element between 1e-5 and 1e-4 in size is negated: the large "
+                     "elements, which carry nearly all of the norm, are right",
+                     "a test that compares only the large elements (|g| above a threshold) cannot see a bug "
+                     f"confined to the small ones: {ELEMENT_WISE}, every element, within a tolerance below 1e-5"),
         SmallestGradient(accumulate, forget=False),
     ]
 

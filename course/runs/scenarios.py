@@ -29,6 +29,8 @@ LOOP_FP32_SCENARIOS = [
     _SMALL.with_(name="dense, iters=7, K=2, resumed at start_step=2, the loader ends after 4 (last window closed at "
                       "6: no flush), grad_clip=1e3 never clips, base_lr=2e-4", iters=7, accumulation_steps=2,
                  start_step=2, loader_length=4, grad_clip=1e3, base_lr=2e-4),
+    _SMALL.with_(name="dense, iters=10, K=4, resumed at start_step=9 inside the last partial window (9..10): the "
+                      "call runs micro-step 10 alone, then the tail flush", iters=10, start_step=9, base_lr=1e-3),
 ]
 LOOP_AMP_SCENARIOS = [
     LOOP_BASE.with_(name="CPU bf16 autocast, K=4, base_lr=1e-3", autocast_dtype="bfloat16", epochs=1, max_length=16,

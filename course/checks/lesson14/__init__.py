@@ -41,7 +41,9 @@ LESSON = Lesson(
         "tail_flush": "a partial window left when the epoch (or the loader) ends gets its update once, and only then",
         "overflow_skip": "an enabled GradScaler skips an update whose gradients overflow (weights and AdamW state "
                          "stay put, the record says so); scaler=None skips nothing",
-        "no_host_sync": "nothing inside the loop waits for the device: no host sync per micro-step",
+        "no_host_sync": "nothing inside the loop waits for the device: no host sync per micro-step, with or "
+                        "without an enabled GradScaler",
+        "batch_to_device": "each micro-batch, input_ids and labels, is sent to device before its forward pass",
         "records": "one record per micro-step run: its step, lr, unscaled loss, aux_loss, whether an update closed "
                    "there (skipped or a tail flush) and the pre-clip norm (None without an update)",
         "accumulation_test": "your test proves accumulation equals one big batch: it passes correct code and "

@@ -189,6 +189,8 @@ def should_flush_only_a_partial_window(impl):
     windows count from micro-step 1 of the epoch, not from start_step)."""
     cases = [((10, 0, 4), True), ((8, 0, 4), False), ((0, 0, 4), False), ((5, 0, 1), False),
              ((10, 8, 4), True), ((8, 8, 4), False), ((12, 9, 4), False), ((13, 12, 4), True),
+             # resumed inside the last partial window: the call ran only part of it, and its micro-steps wait
+             ((10, 9, 4), True), ((11, 9, 4), True),
              # a resume at start_step == last_step ran nothing: no flush even though last % K != 0
              ((5, 5, 4), False), ((6, 6, 4), False)]
     for args, expected in cases:

@@ -302,14 +302,14 @@ SYNC_SCENARIO = LoopScenario("dense, 1 epoch, K=8: one window that only the tail
                              accumulation_steps=8, hidden_size=32, num_hidden_layers=1, max_length=16)
 
 
-@functools.lru_cache(maxsize=4)
-def tail_only_run(train_one_epoch, micro_steps: int):
+@functools.lru_cache(maxsize=8)
+def tail_only_run(train_one_epoch, micro_steps: int, scaler_enabled: bool = False):
     """An epoch of ``micro_steps`` < K micro-batches (one update: the tail flush, after the loop) under
-    ``count_host_syncs``; returns (the conversions counted inside the loop, from the first forward pass to the
-    last one; names of parameters whose .grad is not None afterwards). Conversions after the loop are free of the
-    cost the lesson teaches: once the last micro-step is queued, the first one waits for it and the rest find the
-    device idle."""
-    scenario = SYNC_SCENARIO.with_(iters=micro_steps)
+    ``count_host_syncs``, with ``scaler=None`` or the caller's enabled GradScaler; returns (the conversions counted
+    inside the loop, from the first forward pass to the last one; names of parameters whose .grad is not None
+    afterwards). Conversions after the loop are free of the cost the lesson teaches: once the last micro-step is
+    queued, the first one waits for it and the rest find the device idle."""
+    scenario = SYNC_SCENARIO.with_(iters=micro_steps, scaler_enabled=scaler_enabled)
     objects, calls, forwards = training_objects(scenario), [], []
     batches = epoch_batches(scenario, 0)   # outside the count: building them (once, then cached) converts too
     handle = objects.model.register_forward_pre_hook(lambda module, args: forwards.append(len(calls)))
@@ -317,7 +317,7 @@ def tail_only_run(train_one_epoch, micro_steps: int):
         with count_host_syncs(calls):
             train_one_epoch(objects.model, batches, objects.optimizer, device="cpu", epoch=0, epochs=1,
                             iters=micro_steps, base_lr=scenario.base_lr, accumulation_steps=8,
-                            grad_clip=scenario.grad_clip)
+                            grad_clip=scenario.grad_clip, scaler=objects.scaler if scaler_enabled else None)
     finally:
         handle.remove()
     in_loop = calls[forwards[0]:forwards[-1]] if forwards else []
@@ -326,14 +326,60 @@ def tail_only_run(train_one_epoch, micro_steps: int):
 
 @check("train_one_epoch", objective="no_host_sync", hidden=True)
 def train_one_epoch_syncs_once_per_epoch(impl):
-    """No device-to-host sync per micro-step: between its first forward pass and its last, an epoch of 5
-    micro-steps converts tensors to Python (.item(), float(), .tolist(), ...) or copies them to the host (.cpu(),
-    .numpy()) exactly as often as one of 2 with the same single update (the tail flush). Conversions after the
-    loop are free: convert there."""
-    short, long = (tail_only_run(impl.train_one_epoch, n)[0] for n in (2, 5))
-    extra = list((collections.Counter(long) - collections.Counter(short)).elements())
-    with hint(host_copy_hint(extra)):
-        expect_equal("host syncs that 3 more micro-steps add inside the loop (epoch of 5 vs 2, K=8)", extra, [])
+    """No device-to-host sync per micro-step, with scaler=None and with an enabled GradScaler: between its first
+    forward pass and its last, an epoch of 5 micro-steps converts device tensors to Python (.item(), float(),
+    .tolist(), ...) or copies them to the host (.cpu(), .numpy()) exactly as often as one of 2 with the same single
+    update (the tail flush). Conversions after the loop are free: convert there. A tensor born on the host (made
+    without a device, e.g. a schedule computed with torch) waits for no device and does not count."""
+    for scaler_enabled, scaler in ((False, "scaler=None"), (True, "an enabled GradScaler")):
+        short, long = (tail_only_run(impl.train_one_epoch, n, scaler_enabled)[0] for n in (2, 5))
+        extra = list((collections.Counter(long) - collections.Counter(short)).elements())
+        with hint(host_copy_hint(extra, scaler_enabled)):
+            expect_equal(f"host syncs that 3 more micro-steps add inside the loop (epoch of 5 vs 2, K=8, {scaler})",
+                         extra, [])
+
+
+class SentTensor(torch.Tensor):
+    """A batch tensor that records each device it is sent to (``.to(...)``, ``.cuda()``, a ``device=`` argument):
+    the device move can be graded on the CPU, where it changes nothing. Every op on it gives a plain tensor."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = kwargs.get("device")
+        if target is None and func in (torch.Tensor.to, torch.Tensor.cuda):
+            target = next((a for a in args[1:] if isinstance(a, (str, torch.device, int))), "cuda" if
+                          func is torch.Tensor.cuda else None)
+        if target is not None:
+            for sent in (a for a in args if isinstance(a, SentTensor)):
+                sent.sent_to.append(str(torch.device(target)) if not isinstance(target, int) else f"cuda:{target}")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def sent_batches(scenario: LoopScenario) -> list[tuple[SentTensor, SentTensor]]:
+    batches = []
+    for input_ids, labels in epoch_batches(scenario, 0):
+        pair = (input_ids.as_subclass(SentTensor), labels.as_subclass(SentTensor))
+        for tensor in pair:
+            tensor.sent_to = []
+        batches.append(pair)
+    return batches
+
+
+@check("train_one_epoch", objective="batch_to_device")
+def train_one_epoch_sends_every_batch_to_the_device(impl):
+    """Every micro-batch's input_ids and labels are sent to ``device`` (``.to(device)``) before its forward pass.
+    Graded on the CPU with batches that record where they were sent (on CUDA a batch left on the host crashes)."""
+    scenario = SYNC_SCENARIO.with_(iters=2)
+    objects, batches = training_objects(scenario), sent_batches(scenario)
+    impl.train_one_epoch(objects.model, batches, objects.optimizer, device="cpu", epoch=0, epochs=1, iters=2,
+                         base_lr=scenario.base_lr, accumulation_steps=8, grad_clip=scenario.grad_clip)
+    with hint("move each micro-batch to the device first: input_ids.to(device) and labels.to(device) (the "
+              "checks pass device='cpu'; the stage assembly passes its --device, e.g. cuda:0)"):
+        expect_equal(f"[{scenario.name}, 2 micro-steps, device='cpu'] where each batch's (input_ids, labels) were "
+                     f"sent", [(ids.sent_to[-1:], labels.sent_to[-1:]) for ids, labels in batches],
+                     [(["cpu"], ["cpu"])] * len(batches))
 
 
 @check("train_one_epoch")

@@ -99,10 +99,14 @@ def group_norm_hint(scenario: LoopScenario, actual, expected) -> str:
             "parameter (clip_grad_norm_(model.parameters(), grad_clip)), not one param group's")
 
 
-def host_copy_hint(extra) -> str:
-    """Name the per-micro-step syncs of ``train_one_epoch_syncs_once_per_epoch`` (method names counted)."""
+def host_copy_hint(extra, scaler_enabled: bool = False) -> str:
+    """Name the per-micro-step syncs of ``train_one_epoch_syncs_once_per_epoch`` (method names counted); with
+    ``scaler_enabled``, the ones only an enabled GradScaler shows (the run with scaler=None had none)."""
     if not extra:
         return ""
+    if scaler_enabled:
+        return ("only with an enabled GradScaler: its scale lives on the device, so get_scale() (or reading "
+                "scaler's state) at every micro-step syncs each time; read it where an update closes, or not at all")
     copies = sorted({name for name in extra if name in ("cpu", "numpy", "to")})
     return ((f"a host copy ({', '.join(copies)}) per micro-step waits for the device like .item(): " if copies else "")
             + "keep detached tensors during the epoch and convert them after the loop")

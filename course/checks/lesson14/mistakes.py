@@ -17,6 +17,7 @@ from .extensions import (accumulation_divisor_gives_the_tail_its_mean_gradient, 
                          update_cadence_rejects_bad_arguments, warmup_cosine_lr_ramps_then_follows_get_lr,
                          warmup_schedule_rejects_bad_arguments)
 from .loop import (train_one_epoch_clears_gradients_to_none, train_one_epoch_emits_no_warnings,
+                   train_one_epoch_sends_every_batch_to_the_device,
                    train_one_epoch_marks_the_tail_flush, train_one_epoch_matches_oracle_amp,
                    train_one_epoch_matches_oracle_fp32, train_one_epoch_records_python_values,
                    train_one_epoch_reports_a_norm_only_where_an_update_closed,
@@ -69,6 +70,7 @@ WEAK_TEST_RULES = {
     "test_compares_norms_per_parameter": "cannot see a sign",
     "test_compares_sums": "cannot see where its values are", "test_abs_values": "cannot see a sign",
     "test_skips_vectors": "compare EVERY parameter's gradient",
+    "test_large_elements_only": "only the large elements",
 }
 
 MISTAKES = [
@@ -119,6 +121,11 @@ MISTAKES = [
         "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
         "return last_step > start_step and (last_step - start_step) % accumulation_steps != 0",
         should_flush_only_a_partial_window, rule="not from start_step"),
+    mistake("flush_needs_the_whole_partial_window", "flushes only when this call ran the whole partial window: "
+        "resumed inside it (start 9, last 10, K=4), the waiting gradient is never applied",
+        "should_flush_tail", "return last_step > start_step and last_step % accumulation_steps != 0",
+        "return last_step - start_step >= last_step % accumulation_steps > 0",
+        should_flush_only_a_partial_window, rule="still waiting in param.grad"),
     mistake("loss_loses_graph", "rebuilds the scaled loss from .item(): no gradient reaches the model",
         "scale_loss_for_accumulation", "return loss / accumulation_steps",
         "return torch.tensor(loss.item() / accumulation_steps, requires_grad=True)", scale_loss_divides_by_k,
@@ -194,6 +201,26 @@ MISTAKES = [
     mistake("host_sync_every_micro_step", "loss.item() at every micro-step: one device-to-host sync each",
         "train_one_epoch", "losses.append(loss.detach())", "losses.append(torch.tensor(loss.item()))",
         train_one_epoch_syncs_once_per_epoch, rule="convert them after the loop"),
+    mistake("scale_read_every_micro_step", "reads the GradScaler's scale (get_scale()) at every micro-step: with an "
+        "enabled scaler one host sync each", "train_one_epoch", "scaler.scale(scaled_loss).backward()",
+        "scaler.scale(scaled_loss).backward(); scale_seen = scaler.get_scale()",
+        train_one_epoch_syncs_once_per_epoch, rule="read it where an update closes"),
+    mistake("batch_left_on_the_host", "never sends the batch to device: on CUDA the forward pass crashes",
+        "train_one_epoch",
+        "input_ids, labels = input_ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)",
+        "input_ids, labels = input_ids, labels", train_one_epoch_sends_every_batch_to_the_device,
+        rule="move each micro-batch to the device first"),
+    mistake("labels_left_on_the_host", "sends input_ids to device but not labels: the loss mixes devices on CUDA",
+        "train_one_epoch",
+        "input_ids, labels = input_ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)",
+        "input_ids = input_ids.to(device, non_blocking=True)", train_one_epoch_sends_every_batch_to_the_device,
+        rule="move each micro-batch to the device first"),
+    mistake("tail_flush_needs_the_whole_window", "flushes a resumed epoch's tail only when this call ran the whole "
+        "partial window: resumed at 9 of 10 with K=4, micro-step 10's gradient is never applied", "train_one_epoch",
+        "if should_flush_tail(last_step, start_step, accumulation_steps):",
+        "if should_flush_tail(last_step, start_step, accumulation_steps) and "
+        "last_step - start_step >= last_step % accumulation_steps:", train_one_epoch_matches_oracle_fp32,
+        rule="the tail flush"),
     mistake("stale_lr_in_tail_flush", "records the lr it computes but writes it into the optimizer only where a "
         "window closes: the tail flush steps with the last boundary's lr", "train_one_epoch",
         LOOP_LR_EVERY_MICRO_STEP, LOOP_LR_AT_UPDATES_ONLY, train_one_epoch_matches_oracle_fp32,
@@ -397,6 +424,11 @@ MISTAKES = [
 EQUIVALENTS = [
     equivalent("multiply_by_reciprocal", "loss * (1 / K) instead of loss / K",
         "scale_loss_for_accumulation", "return loss / accumulation_steps", "return loss * (1.0 / accumulation_steps)"),
+    equivalent("cosine_in_torch_float64", "the cosine computed on a float64 CPU tensor, then float(): a tensor born "
+        "on the host waits for no device", "cosine_lr",
+        "return base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
+        "return float(base_lr * (0.1 + 0.45 * (1 + torch.cos(torch.tensor(math.pi * current_step / total_steps, "
+        "dtype=torch.float64)))))"),
     equivalent("rearranged_cosine", "0.1*lr + 0.45*lr*(1 + cos(pi * (s / T)))",
         "cosine_lr", "base_lr * (0.1 + 0.45 * (1 + math.cos(math.pi * current_step / total_steps)))",
         "0.1 * base_lr + 0.45 * base_lr * (1 + math.cos(math.pi * (current_step / total_steps)))"),
