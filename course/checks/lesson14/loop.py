@@ -208,7 +208,7 @@ def train_one_epoch_records_python_values(impl):
 
 @check("train_one_epoch", objective="tail_flush")
 def train_one_epoch_returns_nothing_for_an_empty_epoch(impl):
-    """A resume at start_step == iters (6 micro-batches, K=4: the tail was flushed before the save) runs no
+    """A resume at start_step == iters (6 micro-batches, K=4: upstream saved before its tail flush) runs no
     micro-step: it returns [] and changes nothing."""
     objects = training_objects(LOOP_BASE)
     before = {n: p.detach().clone() for n, p in objects.model.named_parameters()}

@@ -192,6 +192,11 @@ HARDENING_MISTAKES = [
     mistake("no_parent_directory", "writes into out_dir without creating it: FileNotFoundError on a first run",
         "save_checkpoint", "    path.parent.mkdir(parents=True, exist_ok=True)\n", "",
         save_checkpoint_creates_the_directory_and_uses_os_replace),
+    mistake("removes_the_previous_before_the_rename", "deletes the previous checkpoint, then renames the new one "
+        "onto the path: if that rename fails (another file system, permissions), no checkpoint is left",
+        "save_checkpoint", "        os.replace(tmp_name, path)\n",
+        "        path.unlink(missing_ok=True)\n        os.replace(tmp_name, path)\n", save_checkpoint_is_atomic,
+        rule="never remove the previous checkpoint first"),
     mistake("renames_with_os_rename", "os.rename instead of os.replace: on Windows every save after the first "
         "raises FileExistsError", "save_checkpoint", "        os.replace(tmp_name, path)\n",
         "        os.rename(tmp_name, path)\n", save_checkpoint_creates_the_directory_and_uses_os_replace),

@@ -135,21 +135,63 @@ def crash_a_save(impl, path, objects, error: BaseException) -> str:
          "hint: a failed save must not pass for a written one: re-raise after cleaning up")
 
 
+class FailingRenames:
+    """os.replace and os.rename (Path.replace, Path.rename and shutil.move go through them) raise OSError for a
+    rename onto ``path``: the last step of a save fails (the temporary file on another file system, no
+    permission, a full directory), after everything before it worked."""
+
+    def __init__(self, path: Path):
+        self.path, self.real = Path(path), {name: getattr(os, name) for name in ("replace", "rename")}
+
+    def __enter__(self):
+        for name, real in self.real.items():
+            setattr(os, name, self._failing(real))
+        return self
+
+    def __exit__(self, *exc):
+        for name, real in self.real.items():
+            setattr(os, name, real)
+
+    def _failing(self, real):
+        def rename(src, dst, *args, **kwargs):
+            if Path(dst).resolve() == self.path.resolve():
+                raise OSError(f"simulated failure of the rename onto {self.path.name}")
+            return real(src, dst, *args, **kwargs)
+        return rename
+
+
+def fail_the_rename(impl, path, objects) -> str:
+    """A save of ``objects`` onto ``path`` whose final rename fails: it must raise; returns what it was."""
+    where = "save_checkpoint whose rename onto the checkpoint fails (its last step)"
+    with FailingRenames(path):
+        try:
+            save_objects(impl, path, objects, 0, 4)
+        except NotImplementedError:
+            raise
+        except BaseException:
+            return where
+    fail(where, "returned normally", "the failure propagates",
+         "hint: a failed save must not pass for a written one: re-raise after cleaning up")
+
+
 @check("save_checkpoint", objective="atomic_save", hidden=True, uses=("load_checkpoint",))
 @names_the_rule("write the new checkpoint to a temporary file, then rename it onto the path: the previous "
                 "checkpoint is never touched until the new one replaces it; re-raise the failure")
 def save_checkpoint_is_atomic(impl):
-    """A save that fails halfway (OSError, KeyboardInterrupt, SystemExit, a BaseException of its own) re-raises
-    and leaves the previous checkpoint byte-identical and loadable."""
+    """A save that fails halfway (OSError, KeyboardInterrupt, SystemExit, a BaseException of its own) or at its
+    last step (the rename onto the path) re-raises and leaves the previous checkpoint byte-identical and
+    loadable."""
     with good_checkpoint(impl) as (objects, fresh, _, path):
         before = path.read_bytes()
-        for error in CRASHES:
-            where = crash_a_save(impl, path, objects, error)
+        for crash in (*(lambda error=error: crash_a_save(impl, path, objects, error) for error in CRASHES),
+                      lambda: fail_the_rename(impl, path, objects)):
+            where = crash()
             after = path.read_bytes() if path.is_file() else None
             if after != before:
                 fail(f"{path.name} after a {where}", "missing" if after is None else f"{len(after)} bytes, changed",
                      f"the previous checkpoint, {len(before)} bytes, unchanged",
-                     "hint: write to a temporary file in the same directory, then os.replace it onto the path")
+                     "hint: write to a temporary file in the same directory, then os.replace it onto the path; "
+                     "never remove the previous checkpoint first: the rename replaces it in one step")
         checkpoint = impl.load_checkpoint(path, model=fresh.model, optimizer=fresh.optimizer, scaler=fresh.scaler)
         expect_equal("(epoch, step) of the previous checkpoint", (checkpoint["epoch"], checkpoint["step"]), (0, 2))
 
