@@ -26,12 +26,12 @@ NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 TOLERANCES = {
     "val_loss": 0.05,                        # the main job's first and last (6.58, 1.00): spread 0.0001
     "loss:": 0.005,                          # the tiny preset's log lines, ~8.7 after 5 updates: spread 0
-    "unscale -> clip: norm recorded": 1e-3,  # lesson 14 §6.5, 1.1439: spread 0
-    "clip -> unscale: norm recorded": 0.1,   # lesson 14 §6.5, 74965.6 (65536 x 1.1439): spread 0.01
-    "norm the step uses": 1e-4,              # lesson 14 §6.5, 1.0000 and 1.526e-05: spread 0
-    "cosine": 1e-4,                          # lesson 16 §6.1, cosines to 4 decimals: spread 0
-    "| =": 1e-6,                             # lesson 15 §6.5, max |parameter difference| ~3.8e-04: spread 0
-    "drift after 10 updates": 0.005,         # lesson 17 §6.2, 3.74e-01 (loss / K) and rounding (token-weighted,
+    "unscale -> clip: norm recorded": 1e-3,  # lesson 14 answers §3, 1.1439: spread 0
+    "clip -> unscale: norm recorded": 0.1,   # lesson 14 answers §3, 74965.6 (65536 x 1.1439): spread 0.01
+    "norm the step uses": 1e-4,              # lesson 14 answers §3, 1.0000 and 1.526e-05: spread 0
+    "cosine": 1e-4,                          # lesson 16 answers §4.0, cosines to 4 decimals: spread 0
+    "| =": 1e-6,                             # lesson 15 answers §4.1, max |parameter difference| ~3.8e-04: spread 0
+    "drift after 10 updates": 0.005,         # lesson 17 notes §2, 3.74e-01 (loss / K) and rounding (token-weighted,
                                              # 4.9e-07 to 8.3e-07): spread 4e-07
     "left_in_epoch:": float("inf"),          # minutes: a timing
 }

@@ -20,7 +20,7 @@ from torch.utils.data import Sampler
 class SkipBatchSampler(Sampler):
     """TODO (lesson 15 §5.1): the batches of a resumed epoch, without the ``skip_batches`` already trained.
 
-    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler`` (lesson 15 §3 walks it, for after your
+    Aligns with ``course/minimind/trainer_utils.py::SkipBatchSampler`` (lesson 15 answers §3 walks it, for after your
     first version). The epoch is ``indices`` (any sized iterable: a range, a list, a DistributedSampler) cut in
     order into batches of ``batch_size``, the last one possibly shorter; the sampler yields them without the
     first ``skip_batches``, and ``len()`` counts what it yields.

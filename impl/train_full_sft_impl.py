@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from tqdm import tqdm
 
 from course.implementations import add_impl_arguments, load_implementation
 from course.input_errors import InputError, refusing_input_errors
@@ -36,11 +37,11 @@ from course.minimind.sft import ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, read_state_
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, out_file, plot_losses, validation_loss,
-                                      write_report)
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer, config_of,
-                                 exact_answers, heldout_questions, last_question, micro_batches, score_line,
-                                 validation_batches)
+from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, advance, epoch_bar, out_file, plot_losses,
+                                      repo_relative, tokenizer_name, validation_loss, write_report)
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer,
+                                 answers_table, config_of, exact_answers, heldout_questions, last_question,
+                                 micro_batches, score_line, validation_batches)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -149,12 +150,24 @@ class Stage:
     val_batches: list          # the whole held-out split, labelled by upstream's rule; empty: no validation
     questions: list            # (history, reference answer) of every held-out answer
     metrics: dict
+    started: float             # time.perf_counter() when the stage was built: the report card's wall time
     throughput: Throughput = field(default_factory=Throughput)
     update: int = 0
+    shown_answers: dict = field(default_factory=dict)  # "before SFT" / "after SFT" -> the shown questions' answers
+
+    @property
+    def micro_batches_per_epoch(self) -> int:
+        return math.ceil(len(self.train_set) / self.args.batch_size)
 
     @property
     def updates_per_epoch(self) -> int:
-        return math.ceil(math.ceil(len(self.train_set) / self.args.batch_size) / self.args.accumulation_steps)
+        return math.ceil(self.micro_batches_per_epoch / self.args.accumulation_steps)
+
+    @property
+    def shown_questions(self) -> list:
+        """The --show_questions held-out questions answered before and after SFT, spread over the held-out set."""
+        every = max(1, len(self.questions) // max(self.args.show_questions, 1))
+        return self.questions[::every][:self.args.show_questions]
 
 
 @refusing_input_errors
@@ -202,6 +215,7 @@ def vocabulary_mismatch(args) -> str:
 
 def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> Stage:
     """The pretrained model (through your load_pretrained_weights), your TrainingSession and the data."""
+    started = time.perf_counter()
     model, optimizer, scaler, autocast_ctx = build_training(args)
     try:
         sft.load_pretrained_weights(model, args.from_weight)
@@ -225,7 +239,8 @@ def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> S
     metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
                "figure": str(out_file(args, "full_sft", "_loss.png"))}
     return Stage(args=args, sft=sft, tokenizer=tokenizer, model=model, session=session, autocast_ctx=autocast_ctx,
-                 train_set=train_set, val_batches=val_batches, questions=questions, metrics=metrics)
+                 train_set=train_set, val_batches=val_batches, questions=questions, metrics=metrics,
+                 started=started)
 
 
 def describe(stage: Stage) -> str:
@@ -247,42 +262,45 @@ def evaluate(stage: Stage, when: str | None) -> None:
     if stage.val_batches:
         loss = validation_loss(stage.model, stage.val_batches, args.device, stage.autocast_ctx)
         metrics["val_loss"].append([stage.update, loss])
-        print(f"update {stage.update}: val_loss {loss:.4f}")
+        tqdm.write(f"update {stage.update}: val_loss {loss:.4f}", file=sys.stdout)  # beneath an epoch's bar
     if when is None or not stage.questions:
         return
-    shown = stage.questions[::max(1, len(stage.questions) // max(args.show_questions, 1))][:args.show_questions]
-    for history, reference in shown:
+    stage.shown_answers[when] = []
+    for history, reference in stage.shown_questions:
         reply = answer(stage.model, stage.tokenizer, history, args.max_new_tokens, args.max_seq_len, args.device)
+        stage.shown_answers[when].append(reply)
         metrics["samples"].append([stage.update, f"{last_question(history)} -> {reply}"])
         print(f"{when}: {last_question(history)!r} -> {reply!r} (reference {reference!r})")
 
 
 def train_epoch(stage: Stage, epoch: int) -> None:
     """One epoch in a new random order, one update (K micro-batches) per sft_epoch call, so that each update gets
-    its own learning rate (upstream's cosine, per update); logs and evaluates on the way."""
+    its own learning rate (upstream's cosine, per update); a progress bar, log lines and validation on the way."""
     args, per_epoch = stage.args, stage.updates_per_epoch
     setup_seed(42 + epoch)
     batches = micro_batches(stage.train_set, torch.randperm(len(stage.train_set)).tolist(), args.batch_size,
                             args.length_pool)
     start = time.time()
-    for update_in_epoch in range(1, per_epoch + 1):
-        window = list(itertools.islice(batches, args.accumulation_steps))  # the epoch's last may be shorter
-        lr = get_lr(stage.update, args.epochs * per_epoch, args.learning_rate)
-        stage.throughput.start()
-        report, = stage.sft.sft_epoch(stage.session, window, args.accumulation_steps, lr=lr,
-                                      clip_grad_norm=args.grad_clip)
-        stage.throughput.stop()
-        stage.throughput.tokens += sum(batch.loss_units for batch in window)
-        stage.update += 1
-        if report is not None:
-            stage.metrics["train_loss"].append([stage.update, float(report.loss_sum) / report.loss_units])
-        if update_in_epoch % args.log_interval == 0 or update_in_epoch == per_epoch:
-            loss = f"{stage.metrics['train_loss'][-1][1]:.4f}" if report is not None else "- (no target)"
-            left = (time.time() - start) / update_in_epoch * (per_epoch - update_in_epoch) / 60
-            Logger(f"Epoch:[{epoch + 1}/{args.epochs}]({update_in_epoch}/{per_epoch}), loss: {loss}, "
-                   f"lr: {lr:.8f}, left_in_epoch: {left:.1f}min")
-        if stage.update % args.eval_interval == 0 and stage.update < args.epochs * per_epoch:
-            evaluate(stage, None)
+    with epoch_bar(epoch, args.epochs, stage.micro_batches_per_epoch) as bar:
+        for update_in_epoch in range(1, per_epoch + 1):
+            window = list(itertools.islice(batches, args.accumulation_steps))  # the epoch's last may be shorter
+            lr = get_lr(stage.update, args.epochs * per_epoch, args.learning_rate)
+            stage.throughput.start()
+            report, = stage.sft.sft_epoch(stage.session, window, args.accumulation_steps, lr=lr,
+                                          clip_grad_norm=args.grad_clip)
+            stage.throughput.stop()
+            stage.throughput.tokens += sum(batch.loss_units for batch in window)
+            stage.update += 1
+            advance(bar, stage.throughput, len(window))
+            if report is not None:
+                stage.metrics["train_loss"].append([stage.update, float(report.loss_sum) / report.loss_units])
+            if update_in_epoch % args.log_interval == 0 or update_in_epoch == per_epoch:
+                loss = f"{stage.metrics['train_loss'][-1][1]:.4f}" if report is not None else "- (no target)"
+                left = (time.time() - start) / update_in_epoch * (per_epoch - update_in_epoch) / 60
+                tqdm.write(f"Epoch:[{epoch + 1}/{args.epochs}]({update_in_epoch}/{per_epoch}), loss: {loss}, "
+                           f"lr: {lr:.8f}, left_in_epoch: {left:.1f}min", file=sys.stdout)
+            if stage.update % args.eval_interval == 0 and stage.update < args.epochs * per_epoch:
+                evaluate(stage, None)
 
 
 def finish(stage: Stage) -> None:
@@ -292,11 +310,15 @@ def finish(stage: Stage) -> None:
     weights = out_file(args, "full_sft", ".pth")
     save_weights_like_upstream(stage.model, weights)
     metrics["tokens_per_second"] = stage.throughput.per_second()
-    plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]))
+    config = report_config(stage)
+    plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]),
+                f"Supervised fine-tuning: {config['model']}\n{config['data']}, from {config['pretrained weights']}",
+                stage.tokenizer.vocab_size)
     report = Path(args.report) if args.report else out_file(args, "full_sft", "_report.md")
     score = [score_line(*metrics["exact_answers"])] if "exact_answers" in metrics else []
-    write_report(report, report_config(stage), metrics, title="Supervised fine-tuning run", trained_in="sft_epoch",
-                 results=tuple(score))
+    answers = answers_table(stage.shown_questions, stage.shown_answers) if stage.questions else []
+    write_report(report, config, metrics, time.perf_counter() - stage.started, answers,
+                 title="Supervised fine-tuning run", trained_in="sft_epoch", results=tuple(score))
     Logger(f"{metrics['tokens_per_second']:,.0f} target tokens/s in sft_epoch; saved weights to {weights}; loss "
            f"curves in {metrics['figure']}, report in {report}")
     if args.metrics_json:
@@ -307,8 +329,11 @@ def finish(stage: Stage) -> None:
 def report_config(stage: Stage) -> dict:
     """The report card's settings table."""
     args = stage.args
-    return {"preset": args.preset, "pretrained weights": args.from_weight, "data": args.data_path,
-            "held-out": f"{args.heldout_path} ({len(stage.questions)} answers)" if args.heldout_path else "none",
+    return {"preset": args.preset, "pretrained weights": repo_relative(args.from_weight),
+            "data": repo_relative(args.data_path),
+            "held-out": f"{repo_relative(args.heldout_path)} ({len(stage.questions)} answers)" if args.heldout_path
+                        else "none",
+            "tokenizer": f"{tokenizer_name(args.tokenizer_path)} ({stage.tokenizer.vocab_size} tokens)",
             "model": f"hidden size {args.hidden_size}, {args.num_hidden_layers} layer(s), "
                      f"{sum(p.numel() for p in stage.model.parameters()) / 1e6:.3f} M parameters",
             "schedule": f"{args.epochs} epoch(s), micro-batch {args.batch_size}, K {args.accumulation_steps}, "

@@ -42,8 +42,9 @@ from course.runs.distributed import process_group
 from course.runs.threads import add_threads_argument, cpu_threads
 from course.runs.update_plan import UpdatePlan, window_error
 from course.trainers.ddp import check_ranks_agree, mean_over_ranks, sum_over_ranks, sync_only_when_closing
-from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, closed_updates, counted, generate, log_updates,
-                                      out_file, plot_losses, split, validation_loss, write_report)
+from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, closed_updates, counted, epoch_bar,
+                                      evaluation_samples, generate, log_updates, out_file, plot_losses,
+                                      repo_relative, split, tokenizer_name, validation_loss, write_report)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
@@ -55,7 +56,7 @@ STORIES_CORPUS = REPO_ROOT / "labs" / "data" / "pretrain_stories.jsonl"
 # per word): hidden size 128 and one layer (a second one, measured, costs about 50 % more per step and ends higher
 # after these updates), max_seq_len 96 (every text fits whole, the longest is 45 tokens, and so do the prompt and
 # its 64-token sample), K = 1 and lr 2e-3 (more, smaller updates learn faster per second than accumulated ones
-# here: lesson 14 §8 gives the measurements); "tiny" is lessons 14-16's run on the tiny corpus with the byte
+# here: lesson 14 notes §5 gives the measurements); "tiny" is lessons 14-16's run on the tiny corpus with the byte
 # tokenizer (no validation), the defaults before the stories corpus; "minimind" is upstream's pretrain run
 # (trainer/train_pretrain.py's defaults) on upstream's data and tokenizer, which it cannot default to. max_seq_len
 # is 768, what upstream's README recommends for pretrain_t2t_mini.jsonl (its trainer's default is 340).
@@ -157,6 +158,7 @@ class Stage:
     sampler: DistributedSampler | None  # under torchrun
     plan: UpdatePlan
     metrics: dict
+    started: float  # time.perf_counter() when the stage was built: the report card's wall time
     throughput: Throughput = field(default_factory=Throughput)
     pending: list = field(default_factory=list)  # (loss, aux_loss) of an update still open when a segment ends
     trained: torch.nn.Module | None = None  # the model, or its DDP wrapper once the resume has loaded
@@ -239,6 +241,7 @@ def train(args) -> int:
 
 def build_stage(args, train_loop: ModuleType, ckpt: ModuleType | None, tokenizer) -> Stage:
     """The model, optimizer, data and update plan of this rank's run."""
+    started = time.perf_counter()
     model, optimizer, scaler, autocast_ctx = build_training(args)
     dataset, val_set = split(PretrainDataset(args.data_path, tokenizer, max_length=args.max_seq_len),
                              args.val_fraction)
@@ -253,7 +256,8 @@ def build_stage(args, train_loop: ModuleType, ckpt: ModuleType | None, tokenizer
                "figure": str(out_file(args, "pretrain", "_loss.png"))}
     return Stage(args=args, train_loop=train_loop, ckpt=ckpt, tokenizer=tokenizer, model=model, optimizer=optimizer,
                  scaler=scaler, autocast_ctx=autocast_ctx, dataset=dataset, val_set=val_set, val_batches=val_batches,
-                 sampler=sampler, plan=UpdatePlan(iters, args.accumulation_steps, args.epochs), metrics=metrics)
+                 sampler=sampler, plan=UpdatePlan(iters, args.accumulation_steps, args.epochs), metrics=metrics,
+                 started=started)
 
 
 def describe(stage: Stage) -> str:
@@ -345,8 +349,7 @@ def epoch_batches(stage: Stage, epoch: int, skip: int):
                             pin_memory=stage.on_cuda)
     else:
         loader = DataLoader(stage.dataset, batch_size=args.batch_size, sampler=order, pin_memory=stage.on_cuda)
-    bar = tqdm(desc=f"epoch {epoch + 1}/{args.epochs}", file=sys.stdout, initial=skip, total=stage.plan.iters,
-               disable=not stage.is_main)
+    bar = epoch_bar(epoch, args.epochs, stage.plan.iters, initial=skip, disable=not stage.is_main)
     return counted(iter(loader), bar, stage.throughput), bar
 
 
@@ -407,9 +410,12 @@ def finish(stage: Stage) -> None:
     if not stage.is_main:
         return
     metrics["tokens_per_second"] = throughput.per_second()
-    plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]))
+    config = report_config(stage)
+    plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]),
+                f"Pretraining: {config['model']}\n{config['data']}: {config['samples']} samples",
+                stage.tokenizer.vocab_size)
     report = Path(stage.args.report) if stage.args.report else out_file(stage.args, "pretrain", "_report.md")
-    write_report(report, report_config(stage), metrics)
+    write_report(report, config, metrics, time.perf_counter() - stage.started, evaluation_samples(metrics))
     Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}, "
            f"report in {report}")
     if stage.args.metrics_json:
@@ -421,7 +427,8 @@ def report_config(stage: Stage) -> dict:
     """The report card's settings table."""
     args = stage.args
     processes = dist.get_world_size() if stage.distributed else 1
-    return {"preset": args.preset, "data": args.data_path,
+    return {"preset": args.preset, "data": repo_relative(args.data_path),
+            "tokenizer": f"{tokenizer_name(args.tokenizer_path)} ({stage.tokenizer.vocab_size} tokens)",
             "samples": f"{len(stage.dataset)} train, {len(stage.val_set)} validation",
             "model": f"hidden size {args.hidden_size}, {counted_as(args.num_hidden_layers, 'layer')}, "
                      f"{sum(p.numel() for p in stage.model.parameters()) / 1e6:.3f} M parameters",

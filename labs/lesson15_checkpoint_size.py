@@ -3,7 +3,7 @@
     python labs/lesson15_checkpoint_size.py
 
 The models are built on the meta device (shapes only, no memory, no file written). Sizes are tensor
-bytes; a real file adds a little pickle overhead (lesson 15 §6.3 measures the tiny model's files).
+bytes; a real file adds a little pickle overhead (lesson 15 notes §2 shows the tiny model's files, measured).
   fp32 resume (lesson 15)   fp32 weights (tied embedding stored once) + AdamW exp_avg + exp_avg_sq, 4 bytes each
   fp16 resume (upstream)    every state_dict entry .half()-ed separately (the tied embedding and lm_head
                             become two tensors) + the same fp32 AdamW moments

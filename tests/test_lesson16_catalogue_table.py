@@ -1,13 +1,14 @@
-"""Lesson 16 §7 counts the mistake catalogue per tier and objective instead of listing its rules (a student sees a
-mistake's rule when it is theirs, or when they ask): both texts' tables must hold the catalogue's counts as they
-are, a row per objective of the descriptor and one for the hardening tier."""
+"""Lesson 16's notes (§6, "the mistake catalogue, per objective") count the catalogue per tier and objective instead
+of listing its rules (a student sees a mistake's rule when it is theirs, or when they ask): both notes texts'
+tables must hold the catalogue's counts as they are, a row per objective of the descriptor and one for the
+hardening tier (lesson §4.5)."""
 from __future__ import annotations
 
 import re
 from collections import Counter
 
 import pytest
-from prediction_labs import lesson_texts, text_id
+from prediction_labs import text_id
 
 from course.checks import get_lesson
 
@@ -22,10 +23,15 @@ def catalogue_counts() -> dict[str, int]:
     return {name: counts[name] for name in [*LESSON.objectives, "hardening"]}
 
 
-@pytest.mark.parametrize("lesson", lesson_texts("16"), ids=text_id)
-def test_section_7_counts_the_catalogue_per_objective(lesson):
-    text = lesson.read_text(encoding="utf-8")
-    section = text[text.index('<a id="l16-mistakes"></a>'):text.index('<a id="l16-commands"></a>')]
+NOTES = [LESSON.files()["notes (en)"], LESSON.files()["notes (zh)"]]
+
+
+@pytest.mark.parametrize("notes", NOTES, ids=text_id)
+def test_the_notes_count_the_catalogue_per_objective(notes):
+    text = notes.read_text(encoding="utf-8")
+    start = text.index('<a id="l16-notes-catalogue"></a>')
+    section = text[start:text.index('<a id="l16-notes-', start + 1)]
     shown = {("hardening" if key == "§4.5" else key.strip("`")): int(count) for key, count in ROW.findall(section)}
-    assert shown == catalogue_counts(), (f"{lesson.name} §7\n  ACTUAL:   {shown}\n  EXPECTED: {catalogue_counts()}\n"
-                                         "  (a mistake was catalogued or moved: update the table in both texts)")
+    assert shown == catalogue_counts(), (f"{notes.name} catalogue\n  ACTUAL:   {shown}\n"
+                                         f"  EXPECTED: {catalogue_counts()}\n"
+                                         "  (a mistake was catalogued or moved: update the table in both notes texts)")

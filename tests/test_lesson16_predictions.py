@@ -1,29 +1,45 @@
-"""Lesson 16 §6.1 answers §4.0's predictions with labs/lesson16_predictions.py: the output printed in both
-lesson texts must be what the lab prints now, and its numbers must follow from the rules the lesson states
-(weights 1 / (K n_k) and 1 / N, ceil(samples / global) updates normalised by their own targets, resume at the
-last update boundary or at the next epoch, a skipped update advances nothing), computed here independently."""
+"""Lesson 16 asks its predictions in §4.0 and answers them in its answers text (§4.0), which shows what
+labs/lesson16_predictions.py prints: that output must be what the lab prints now, and its numbers must follow
+from the rules the lesson states (weights 1 / (K n_k) and 1 / N, ceil(samples / global) updates normalised by
+their own targets, resume at the last update boundary or at the next epoch, a skipped update advances nothing),
+computed here independently."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
-from prediction_labs import lab_command, lesson_texts, prediction_lab, printout_tests, text_id
+from prediction_labs import answers_texts, lab_command, lesson_texts, prediction_lab, printout_tests, text_id
 
 from course.runs import masked_micro_batches
 
 LAB = prediction_lab("16")
 COMMAND = lab_command("16")
 LESSONS = lesson_texts("16")
-lab_output, test_lesson_prints_what_the_lab_prints = printout_tests("16", "§6.1")
+ANSWERS = answers_texts("16")
+lab_output, test_lesson_prints_what_the_lab_prints = printout_tests("16", "answers §4.0")
+# lines of the lab's answers that neither lesson text may show: the lesson asks, the answers text answers
+GIVEAWAYS = ("1/60", "normalization_units [120, 120, 60]", "dropped_microsteps 2", "scale=512.0")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=text_id)
-def test_predictions_are_asked_before_they_are_answered(lesson):
+def test_the_lesson_asks_the_predictions_and_gives_no_answer(lesson):
     text = lesson.read_text(encoding="utf-8")
-    asked, answered = text.index('<a id="l16-predictions"></a>'), text.index('<a id="l16-check-predictions"></a>')
-    assert asked < text.index("### 4.1 ") < answered, "§4.0 asks before the exercises, §6.1 answers after them"
-    for answer in ("1/60", "normalization_units [120, 120, 60]", "dropped_microsteps 2", "scale=512.0"):
-        assert answer not in text[:asked], f"{lesson.name} gives away {answer!r} before §4.0 asks"
+    asked, checked = text.index('<a id="l16-predictions"></a>'), text.index('<a id="l16-check-predictions"></a>')
+    assert asked < text.index("### 4.1 ") < checked, "§4.0 asks before the exercises, §6.1 runs the lab after them"
+    assert "python -m course answer 16 4.0" in text[asked:text.index("### 4.1 ")], "§4.0 points at its answers"
+    assert COMMAND in text[checked:], "§6.1 runs the lab"
+    for answer in GIVEAWAYS:
+        assert answer not in text, f"{lesson.name} gives away {answer!r}: answers belong in the answers text"
+
+
+@pytest.mark.parametrize("answers", ANSWERS, ids=text_id)
+def test_the_answers_text_answers_them_under_4_0(answers):
+    text = answers.read_text(encoding="utf-8")
+    section = re.search(r"(?ms)^## 4\.0 .*?(?=^## )", text)
+    assert section, f"{answers.name}: no '## 4.0' section"
+    for answer in GIVEAWAYS:
+        assert answer in section.group(0), f"{answers.name} §4.0 lacks {answer!r}"
 
 
 def legacy_resume(step: int, batch_size: int = 6, accum: int = 4, samples: int = 100, epoch: int = 0) -> str:

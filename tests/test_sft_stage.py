@@ -6,8 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import os
+import pty
 import random
 import re
+import time
 import warnings
 from types import SimpleNamespace
 
@@ -22,9 +26,10 @@ from course.implementations import REPO_ROOT, load_implementation, load_module
 from course.minimind import MiniMindConfig, MiniMindForCausalLM, SFTDataset, load_tokenizer
 from course.minimind.sft import render_chat
 from course.trainers import chat as chat_module
+from course.trainers import pretrain
 from course.trainers.pretrain import STORIES_TOKENIZER
-from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, exact_answers,
-                                 heldout_questions, micro_batches, model_from_weights, score_line)
+from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answers_table,
+                                 exact_answers, heldout_questions, micro_batches, model_from_weights, score_line)
 
 STAGE_PATH = REPO_ROOT / "impl" / "train_full_sft_impl.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -81,10 +86,19 @@ def stage_argv(inputs, out_dir, *extra):
 
 @pytest.fixture(scope="module")
 def short_run(tiny_inputs):
-    out_dir = tiny_inputs.tmp / "out"
-    run = run_stage(stage_argv(tiny_inputs, out_dir, "--impl", "reference", "--metrics_json",
-                               str(out_dir / "m.json")), "test_sft_stage_short_run")
-    run.out_dir = out_dir
+    """The stage's run, its wall time measured around it, and the loss figure it drew."""
+    out_dir, figures, plot_losses = tiny_inputs.tmp / "out", [], pretrain.plot_losses
+
+    def recording_plot_losses(*args, **kwargs):
+        figures.append(plot_losses(*args, **kwargs))
+        return figures[-1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pretrain, "plot_losses", recording_plot_losses)   # the stage imports it when it loads
+        started = time.perf_counter()
+        run = run_stage(stage_argv(tiny_inputs, out_dir, "--impl", "reference", "--metrics_json",
+                                   str(out_dir / "m.json")), "test_sft_stage_short_run")
+        run.seconds = time.perf_counter() - started
+    run.out_dir, run.figures = out_dir, figures
     return run
 
 
@@ -110,10 +124,71 @@ def test_the_stage_writes_upstream_fp16_weights_report_and_curves(short_run):
     expect_equal("saved dtypes", {v.dtype for v in state_dict.values()}, {torch.float16})
     expect_equal("loss figure signature", (short_run.out_dir / "full_sft_32_loss.png").read_bytes()[:8], PNG_SIGNATURE)
     report = (short_run.out_dir / "full_sft_32_report.md").read_text(encoding="utf-8")
-    val = re.findall(r"^update (\d+): val_loss ([\d.]+)$", short_run.out, re.M)
+    val = [m.groups() for m in map(re.compile(r"update (\d+): val_loss ([\d.]+)").fullmatch, printed_lines(short_run))
+           if m]
+    expect_equal("validation updates printed, each on a line of its own", [u for u, _ in val], ["0", "2", "3"])
     missing = [(u, v) for u, v in val if f"| {u} | " not in report or f" {v} |" not in report]
-    assert val and not missing, f"report rows ACTUAL missing {missing}, EXPECTED every val loss of {val}:\n{report}"
+    assert not missing, f"report rows ACTUAL missing {missing}, EXPECTED every val loss of {val}:\n{report}"
     assert SCORE.search(report), f"report ACTUAL has no score line, EXPECTED one:\n{report}"
+
+
+def printed_lines(run) -> list[str]:
+    return run.out.splitlines()   # also splits the progress bar's \r
+
+
+def test_the_stage_shows_its_progress_like_the_pretrain_stage(short_run):
+    """An epoch's progress bar (micro-batches, tokens/s) and, beneath it, a log line per --log_interval updates."""
+    lines = printed_lines(short_run)
+    bars = [line for line in lines if line.startswith("epoch 1/1: ")]
+    assert bars and re.fullmatch(r"epoch 1/1: 100%\|.+\| 6/6 \[.+, [\d,]+ tok/s\]", bars[-1]), (
+        f"last progress bar ACTUAL {bars[-1:]}, EXPECTED 'epoch 1/1: 100%|...| 6/6 [..., N tok/s]' (6 micro-batches)")
+    expect_equal("log lines, each on a line of its own", [line.split(",")[0] for line in lines
+                                                          if re.match(r"Epoch:.+, loss: [\d.]+, lr: ", line)],
+                 ["Epoch:[1/1](1/3)", "Epoch:[1/1](2/3)", "Epoch:[1/1](3/3)"])
+
+
+def test_the_report_card_shows_wall_time_relative_paths_and_the_shown_answers(short_run, tiny_inputs):
+    """The wall time (within the run's), the paths inside the repository relative to it, and each question shown
+    before and after SFT beside its story and reference answer."""
+    report = (short_run.out_dir / "full_sft_32_report.md").read_text(encoding="utf-8")
+    wall = re.search(r"^wall time (\d+\.\d) s; [\d,]+ tokens/s in sft_epoch$", report, re.M)
+    assert wall and 0 < float(wall[1]) <= short_run.seconds + 0.05, (
+        f"wall time ACTUAL {wall and wall[0]!r}, EXPECTED 'wall time S s; ...' with 0 < S <= the run's "
+        f"{short_run.seconds:.2f} s")
+    expect_equal("absolute paths into the repository", str(REPO_ROOT) in report, False)
+    assert "| tokenizer | labs/data/stories_tokenizer/tokenizer.json (699 tokens) |" in report, report
+    shown = {when: re.findall(rf"^{when}: '(.+)' -> '(.*)' \(reference '(.+)'\)$", short_run.out, re.M)
+             for when in ("before SFT", "after SFT")}
+    rows = [f"| {question} | {reference} | {before or '(empty)'} | {after or '(empty)'} |"
+            for (question, before, reference), (_, after, _) in zip(*shown.values())]
+    missing = [row for row in rows if not re.search(rf"^\| [^|]+ {re.escape(row)}$", report, re.M)]
+    assert len(rows) == 2 and not missing, f"answer rows ACTUAL missing {missing}, EXPECTED all of {rows}:\n{report}"
+    first = json.loads(tiny_inputs.heldout.read_text(encoding="utf-8").splitlines()[0])["conversations"]
+    story = next(m["content"] for m in first if m["role"] == "user").splitlines()[0]   # the first one shown
+    assert f"| {story} | {rows[0][2:]}" in report, f"report ACTUAL lacks the story {story!r} before {rows[0]}"
+
+
+def test_the_loss_figure_names_the_stage_and_draws_the_chance_level(short_run):
+    figure, = short_run.figures
+    ax, = figure.axes
+    title = ax.get_title()
+    for part in ("Supervised fine-tuning", "hidden size 32, 1 layer", "train.jsonl", "pretrain_32.pth"):
+        assert part in title, f"figure title ACTUAL {title!r}, EXPECTED to hold {part!r}"
+    chance = [line for line in ax.get_lines() if list(line.get_ydata()) == [math.log(STORIES_VOCAB_SIZE)] * 2]
+    assert chance, f"ACTUAL no horizontal line at ln {STORIES_VOCAB_SIZE}, EXPECTED the chance level"
+
+
+def test_the_answers_table_puts_story_question_and_reference_beside_each_answer():
+    story = {"role": "user", "content": "Story: Mia has a cat.\nThe cat is red.\nQuestion: Who has a cat?"}
+    histories = [[{"role": "system", "content": "Answer briefly."}, story],
+                 [story, {"role": "assistant", "content": "Mia."}, {"role": "user", "content": "What animal?"}]]
+    table = answers_table(list(zip(histories, ["Mia.", "A cat."])),
+                          {"before SFT": ["", "a | b"], "after SFT": ["Mia.", "A cat."]})
+    expect_equal("answers table", table, [
+        "| story | question | reference | before SFT | after SFT |",
+        "| --- | --- | --- | --- | --- |",
+        "| Story: Mia has a cat. The cat is red. | Question: Who has a cat? | Mia. | (empty) | Mia. |",
+        "| Story: Mia has a cat. The cat is red. | What animal? | A cat. | a \\| b | A cat. |"])
 
 
 def test_untouched_stubs_stop_with_the_todo_message(tiny_inputs, tmp_path):
@@ -248,11 +323,11 @@ def chat_weights(tmp_path_factory):
     return tiny_weights(tmp_path_factory.mktemp("chat") / "full_sft_32.pth", num_hidden_layers=2, half=True)
 
 
-def chat(*args, stdin: str = "Who has a cat?\nWhat animal?\n"):
-    """``python -m course chat ARGS`` with ``stdin``: (exit code, stdout, stderr)."""
+def chat(*args, stdin="Who has a cat?\nWhat animal?\n"):
+    """``python -m course chat ARGS`` with ``stdin`` (its text, or a file): (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        patch.setattr("sys.stdin", io.StringIO(stdin))
+        patch.setattr("sys.stdin", io.StringIO(stdin) if isinstance(stdin, str) else stdin)
         code = course_main(["chat", *args])
     return SimpleNamespace(code=code, out=out.getvalue(), err=err.getvalue())
 
@@ -296,9 +371,31 @@ def test_chat_keeps_the_conversation(chat_weights, monkeypatch):
     monkeypatch.setattr(chat_module, "answer", recording_answer)
     run = chat("--weights", str(chat_weights), "--system", "Answer briefly.", stdin="Who?\nWhat?\n\nnot read\n")
     expect_equal("answers printed, one line each", run.out, "answer 1 on two lines\nanswer 2 on two lines\n")
+    expect_equal("stderr of piped input (no banner, no prompt)", run.err, "")
     expect_equal("prompts (turns before the empty line)", len(prompts), 2)
     for part in ("<|im_start|>system\nAnswer briefly.", "Who?", "answer 1\non two lines<|im_end|>", "What?"):
         assert part in prompts[1], f"second prompt ACTUAL {prompts[1]!r}, EXPECTED to hold {part!r}"
+
+
+def test_chat_at_a_terminal_shows_a_banner_and_a_prompt_on_stderr(chat_weights, monkeypatch):
+    """stdin a terminal (a pty): a banner naming the model, its tokenizer and how to end, then `you> ` before each
+    line, on stderr; stdout holds the answers alone, as when piped; Ctrl-D ends with a newline."""
+    monkeypatch.setattr(chat_module, "answer", lambda model, tokenizer, messages, *args, **kwargs:
+                        f"answer {len(messages) // 2 + 1}")
+    controller, terminal = pty.openpty()
+    try:
+        os.write(controller, b"Who?\nWhat?\n\x04")   # \x04: Ctrl-D, the end of input at a terminal
+        with open(terminal, encoding="utf-8") as stdin:
+            run = chat("--weights", str(chat_weights), stdin=stdin)
+    finally:
+        os.close(controller)
+    assert run.code == 0, run.err
+    expect_equal("answers printed", run.out, "answer 1\nanswer 2\n")
+    banner, _, prompts = run.err.partition("\n")
+    for part in (str(chat_weights), "hidden size 32, 2 layer(s)", "greedy", "an empty line or Ctrl-D ends",
+                 "tokenizer: labs/data/stories_tokenizer/tokenizer.json"):
+        assert part in banner, f"banner ACTUAL {banner!r}, EXPECTED to hold {part!r}"
+    expect_equal("prompts after the banner (two turns, then Ctrl-D)", prompts, "you> you> you> \n")
 
 
 @pytest.mark.parametrize("case", ["missing", "not a state dict", "keys that do not fit"])

@@ -7,9 +7,11 @@ import ast
 import contextlib
 import io
 import json
+import math
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +21,7 @@ from doc_runs import run_documented
 
 from course.checks.framework import expect_equal
 from course.implementations import REPO_ROOT, load_implementation, load_module
+from course.trainers.pretrain import plot_losses, repo_relative
 
 STAGE_PATH = REPO_ROOT / "impl" / "train_pretrain_impl.py"
 PROMPT = "One day Tom went to the"
@@ -38,30 +41,38 @@ def short_run_argv(tmp_path, data_path):
     return ["--impl", "reference", "--data_path", str(data_path), "--hidden_size", "32", "--num_hidden_layers", "1",
             "--max_seq_len", "48", "--epochs", "1", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
             "--val_fraction", "0.1", "--eval_interval", "4", "--eval_batches", "2", "--max_new_tokens", "12",
-            "--prompt", PROMPT, "--out_dir", str(tmp_path / "out"), "--metrics_json", str(tmp_path / "m.json")]
+            "--prompt", PROMPT, "--out_dir", str(tmp_path / "out"), "--metrics_json", str(tmp_path / "m.json"),
+            "--log_interval", "5"]
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    """One short run in-process, shared by the tests below; the reference train_one_epoch's records are captured
-    on the way out."""
+    """One short run in-process, shared by the tests below; the reference train_one_epoch's records and the loss
+    figure are captured on the way out, and the run's wall time measured around it."""
     tmp_path = tmp_path_factory.mktemp("stage")
     stage = load_module(STAGE_PATH, "test_stage_assembly_stage")
     reference = load_implementation("train_loop.py", "reference")
-    captured = []
+    captured, figures = [], []
 
     def recording_train_one_epoch(*args, **kwargs):
         records = reference.train_one_epoch(*args, **kwargs)
         captured.extend(records)
         return records
 
+    def recording_plot_losses(*args, **kwargs):
+        figures.append(plot_losses(*args, **kwargs))
+        return figures[-1]
+
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
         patch.setattr(stage, "load_implementation",
                       lambda name, impl, impl_dir: SimpleNamespace(train_one_epoch=recording_train_one_epoch))
+        patch.setattr(stage, "plot_losses", recording_plot_losses)
+        started = time.perf_counter()
         assert stage.main(short_run_argv(tmp_path, corpus_slice(tmp_path, 200))) == 0
+        seconds = time.perf_counter() - started
     metrics = json.loads((tmp_path / "m.json").read_text())
-    return SimpleNamespace(metrics=metrics, records=captured, out=out.getvalue())
+    return SimpleNamespace(metrics=metrics, records=captured, out=out.getvalue(), figures=figures, seconds=seconds)
 
 
 def test_metrics_json_schema(short_run):
@@ -130,6 +141,58 @@ def test_report_card_holds_config_losses_figure_and_samples(short_run):
     assert not missing, f"report lacks\n  ACTUAL: {missing}\n  EXPECTED: none missing; report:\n{report}"
     for update, text in short_run.metrics["samples"] + short_run.metrics["drawn_samples"]:
         assert f"`{text}`" in report, (update, text, report)
+
+
+def test_log_lines_are_printed_beneath_the_progress_bar(short_run):
+    """Each log line on a line of its own, not glued to the progress bar that is still open between evaluations."""
+    logged = short_run.out.count("Epoch:[")
+    own_lines = [line for line in short_run.out.splitlines() if line.startswith("Epoch:[")]   # also splits at \r
+    assert logged and len(own_lines) == logged, (f"ACTUAL {len(own_lines)} of {logged} log lines start a line, "
+                                                 f"EXPECTED all:\n{short_run.out[-2000:]}")
+
+
+def test_report_card_shows_the_wall_time_and_paths_relative_to_the_repository(short_run):
+    report = Path(short_run.out.split("report in ")[1].splitlines()[0]).read_text(encoding="utf-8")
+    wall = re.search(r"^wall time (\d+\.\d) s; [\d,]+ tokens/s in train_one_epoch$", report, re.M)
+    assert wall and 0 < float(wall[1]) <= short_run.seconds + 0.05, (
+        f"wall time ACTUAL {wall and wall[0]!r}, EXPECTED 'wall time S s; ...' with 0 < S <= the run's "
+        f"{short_run.seconds:.2f} s")
+    expect_equal("absolute paths into the repository", str(REPO_ROOT) in report, False)
+    assert "| tokenizer | labs/data/stories_tokenizer/tokenizer.json (699 tokens) |" in report, report
+    expect_equal("a path inside the repository", repo_relative(REPO_ROOT / "labs" / ".." / "out" / "a.md"), "out/a.md")
+    expect_equal("a path outside it", repo_relative("/elsewhere/a.md"), "/elsewhere/a.md")
+
+
+def test_the_stage_draws_its_figure_with_a_title_and_the_chance_level(short_run):
+    figure, = short_run.figures
+    ax, = figure.axes
+    title = ax.get_title()
+    for part in ("Pretraining", "hidden size 32, 1 layer", "slice.jsonl", "180 train, 20 validation"):
+        assert part in title, f"figure title ACTUAL {title!r}, EXPECTED to hold {part!r}"
+    chance = [line for line in ax.get_lines() if list(line.get_ydata()) == [math.log(699)] * 2]
+    assert chance, "ACTUAL no horizontal line at ln 699 (the stories tokenizer's vocabulary), EXPECTED the chance level"
+
+
+def test_loss_figure_draws_validation_as_points_and_a_labelled_chance_level(tmp_path):
+    """Validation losses are far apart: markers alone (a straight segment between two of them would read as a
+    measured gap to the train curve); ln V, a uniform guess over V tokens, is a labelled horizontal line."""
+    path = tmp_path / "loss.png"
+    figure = plot_losses([[1, 6.0], [2, 5.0], [3, 4.5]], [[0, 6.6], [3, 4.7]], path, "Pretraining: a title", 699)
+    expect_equal("file signature", path.read_bytes()[:8], PNG_SIGNATURE)
+    ax, = figure.axes
+    expect_equal("title", ax.get_title(), "Pretraining: a title")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    validation = lines["validation"]
+    expect_equal("validation (linestyle, marker, points)", (validation.get_linestyle(), validation.get_marker(),
+                                                            validation.get_xydata().tolist()),
+                 ("None", "o", [[0, 6.6], [3, 4.7]]))
+    expect_equal("labels", sorted(lines), sorted(["train (mean over each update's micro-batches)", "validation",
+                                                  "chance: ln 699 = 6.55"]))
+    chance = lines["chance: ln 699 = 6.55"]
+    expect_equal("chance level (axes x from 0 to 1, y = ln 699)", (list(chance.get_xdata()), list(chance.get_ydata())),
+                 ([0, 1], [math.log(699)] * 2))
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "chance: ln 699 = 6.55" in legend, f"legend ACTUAL {legend}, EXPECTED the chance level labelled"
 
 
 def test_drawn_samples_reproduce_and_greedy_is_the_argmax():

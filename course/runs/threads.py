@@ -2,7 +2,7 @@
 
 The course's models are tiny (hidden size 48, a few layers): each kernel is too small to split, so a second
 thread adds synchronisation and no speed, and on a busy machine a thread that waits for a core stalls the
-others at every kernel. One thread is faster (lesson 14 §8 and the README give the measurements).
+others at every kernel. One thread is faster (lesson 14 notes §5 and the README give the measurements).
 ``--threads N`` on a trainer, else ``OMP_NUM_THREADS`` when set, overrides it. CPU results depend on the
 thread count (kernels split reductions by thread), so the oracle's disk cache keys an entry by
 ``torch.get_num_threads()``: the count set here while the run computes.

@@ -3,17 +3,19 @@
 The conversation so far (an optional --system message, every user line and every answer) is the prompt of the
 next answer, rendered by ``course/minimind/sft.py::render_chat`` with the generation prompt, as upstream's
 eval_llm.py does. Greedy by default; --sample draws with --temperature and --top_p from a generator seeded with
---seed plus the turn's number, so a run is reproducible. An empty line or the end of stdin ends it.
+--seed plus the turn's number, so a run is reproducible. An empty line or the end of stdin ends it. When stdin is
+a terminal, a banner and a prompt go to stderr; stdout holds the answers alone, one line a turn, either way.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from course.input_errors import InputError
 from course.minimind import load_tokenizer
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.pretrain import STORIES_TOKENIZER
+from course.trainers.pretrain import STORIES_TOKENIZER, tokenizer_name
 from course.trainers.sft import answer, model_from_weights
 
 
@@ -46,32 +48,55 @@ def check_arguments(args) -> None:
         raise InputError(f"--top_p must be in (0, 1], got {args.top_p}")
 
 
-def default_tokenizer(model):
-    """The tokenizer of the course's stories models (the pretrain and SFT stages' default) when the model has its
-    vocabulary size, else the built-in byte tokenizer (the tiny preset's)."""
+PROMPT = "you> "
+
+
+def default_tokenizer(model) -> tuple:
+    """(path, tokenizer): the tokenizer of the course's stories models (the pretrain and SFT stages' default) when
+    the model has its vocabulary size, else (None, the built-in byte tokenizer: the tiny preset's)."""
     stories = load_tokenizer(STORIES_TOKENIZER)
-    return stories if stories.vocab_size == model.config.vocab_size else load_tokenizer(None)
+    if stories.vocab_size == model.config.vocab_size:
+        return STORIES_TOKENIZER, stories
+    return None, load_tokenizer(None)
 
 
-def chat(args, lines=None, out=None) -> int:
-    """Answer each line of ``lines`` (default: stdin) on one line of ``out`` (default: stdout) until an empty line
-    or their end; exit code 0. Bad arguments or files raise an InputError before the first answer."""
-    lines, out = lines or sys.stdin, out or sys.stdout
+def banner(args, model, tokenizer_path) -> str:
+    """What is loaded and how to end, for a person at a terminal."""
+    config = model.config
+    return (f"chat with {args.weights} (hidden size {config.hidden_size}, {config.num_hidden_layers} layer(s), "
+            f"{config.vocab_size}-token vocabulary; tokenizer: {tokenizer_name(tokenizer_path)}; "
+            f"{'sampled' if args.sample else 'greedy'} answers): one line a turn, an empty line or Ctrl-D ends")
+
+
+def chat(args, stdin=None, stdout=None, stderr=None) -> int:
+    """Answer each line of ``stdin`` on one line of ``stdout`` until an empty line or its end (defaults: the
+    process's streams); exit code 0. When ``stdin`` is a terminal, a banner and a prompt before each line go to
+    ``stderr``. Bad arguments or files raise an InputError before the first answer."""
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     check_arguments(args)
     with cpu_threads(args.threads):
         model = model_from_weights(args.weights, "--weights")
-        tokenizer = load_tokenizer(args.tokenizer_path) if args.tokenizer_path else default_tokenizer(model)
+        tokenizer_path, tokenizer = ((args.tokenizer_path, load_tokenizer(args.tokenizer_path)) if args.tokenizer_path
+                                     else default_tokenizer(model))
         if tokenizer.vocab_size != model.config.vocab_size:
             raise InputError(f"--tokenizer_path {args.tokenizer_path or '(the built-in byte tokenizer)'}: "
                              f"{tokenizer.vocab_size} tokens, the model in --weights has {model.config.vocab_size}")
+        interactive = stdin.isatty()
+        if interactive:
+            print(banner(args, model, tokenizer_path), file=stderr)
         messages = [{"role": "system", "content": args.system}] if args.system else []
-        for turn, line in enumerate(lines):
+        for turn in itertools.count():
+            if interactive:
+                print(PROMPT, end="", file=stderr, flush=True)
+            line = stdin.readline()
             if not line.strip():
+                if interactive and not line:  # Ctrl-D: the shell's prompt on a line of its own
+                    print(file=stderr)
                 break
             messages.append({"role": "user", "content": line.rstrip("\n")})
             reply = answer(model, tokenizer, messages, args.max_new_tokens, args.max_seq_len, "cpu",
                            temperature=args.temperature if args.sample else 0.0, top_p=args.top_p,
                            seed=args.seed + turn)
             messages.append({"role": "assistant", "content": reply})
-            print(" ".join(reply.splitlines()), file=out, flush=True)  # one line per turn, even if it wrote more
+            print(" ".join(reply.splitlines()), file=stdout, flush=True)  # one line per turn, even if it wrote more
     return 0

@@ -1,18 +1,20 @@
 """The stage assembly's reusable pieces (``impl/train_pretrain_impl.py``, lessons 14-15): the train/validation
-split, tokens/s, the validation loss, greedy samples, the loss figure, and the per-update train loss and log."""
+split, tokens/s and the progress bar, the validation loss, greedy samples, the loss figure and the report card, and
+the per-update train loss and log."""
 from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import Subset
+from tqdm import tqdm
 
 from course.implementations import REPO_ROOT
 from course.minimind import IGNORE_INDEX
-from course.minimind.trainer_utils import Logger
 from course.runs.update_plan import UpdatePlan
 
 # The stories models' own tokenizer, both stages of the main job (labs/data/make_stories_tokenizer.py: upstream's
@@ -53,13 +55,22 @@ class Throughput:
         return self.tokens / max(self.seconds + running, 1e-9)
 
 
+def epoch_bar(epoch: int, epochs: int, total: int, **options) -> tqdm:
+    """The epoch's progress bar in micro-batches, on stdout with the stage's log (``options``: tqdm's)."""
+    return tqdm(desc=f"epoch {epoch + 1}/{epochs}", file=sys.stdout, total=total, **options)
+
+
+def advance(bar: tqdm, throughput: Throughput, micro_batches: int = 1) -> None:
+    bar.update(micro_batches)
+    bar.set_postfix_str(f"{throughput.per_second():,.0f} tok/s")
+
+
 def counted(batches, bar, throughput):
     """Advance the progress bar (with tokens/s) as each micro-batch is fetched (a paused epoch still shows
     where it is)."""
     for batch in batches:
         throughput.tokens += int((batch[1][:, 1:] != IGNORE_INDEX).sum())
-        bar.update(1)
-        bar.set_postfix_str(f"{throughput.per_second():,.0f} tok/s")
+        advance(bar, throughput)
         yield batch
 
 
@@ -126,45 +137,71 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int, max_seq_len: in
     return prompt + decode(tokenizer, new)
 
 
-def plot_losses(train_loss, val_loss, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")  # files only, no display needed
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+def plot_losses(train_loss, val_loss, path: Path, title: str, vocab_size: int):
+    """Draw the train curve, the validation losses and the chance level ln ``vocab_size`` (the loss of a uniform
+    guess over the tokenizer's vocabulary) into the PNG ``path``; the matplotlib Figure."""
+    from matplotlib.figure import Figure  # not pyplot: no display, no global figure to close
+    fig = Figure(figsize=(6.4, 4.4), layout="tight")
+    ax = fig.subplots()
     if train_loss:
         ax.plot(*zip(*train_loss), label="train (mean over each update's micro-batches)")
-    if val_loss:
-        ax.plot(*zip(*val_loss), marker="o", label="validation")
+    if val_loss:  # points: straight segments between far-apart evaluations would read as a generalization gap
+        ax.plot(*zip(*val_loss), linestyle="none", marker="o", label="validation")
+    ax.axhline(math.log(vocab_size), color="gray", linestyle="--",
+               label=f"chance: ln {vocab_size} = {math.log(vocab_size):.2f}")
+    ax.set_title(title, fontsize="medium")
     ax.set_xlabel("optimizer update")
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def write_report(path: Path, config: dict, metrics: dict, title: str = "Pretraining run",
-                 trained_in: str = "train_one_epoch", results: tuple[str, ...] = ()) -> None:
-    """A markdown report card of the run: its configuration, tokens/s (in the ``trained_in`` function), the
-    ``results`` lines, the losses at each evaluation, the loss figure (linked relative to ``path``) and the
-    samples."""
+def repo_relative(path) -> str:
+    """``path`` relative to the repository root when it lies inside it (a report card reads the same on every
+    clone), else as given."""
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def tokenizer_name(tokenizer_path) -> str:
+    """How a card or a banner names the tokenizer of ``--tokenizer_path`` (None: the built-in byte tokenizer)."""
+    return repo_relative(tokenizer_path) if tokenizer_path else "the built-in byte tokenizer"
+
+
+def write_report(path: Path, config: dict, metrics: dict, wall_seconds: float, samples: list[str],
+                 title: str = "Pretraining run", trained_in: str = "train_one_epoch",
+                 results: tuple[str, ...] = ()) -> None:
+    """A markdown report card of the run: its configuration, wall time, tokens/s (in the ``trained_in``
+    function), the ``results`` lines, the losses at each evaluation, the loss figure (linked relative to
+    ``path``) and the ``samples`` section's markdown lines."""
     train, val = dict(metrics["train_loss"]), dict(metrics["val_loss"])
     figure = os.path.relpath(metrics["figure"], path.parent)
     lines = [f"# {title}", "", "| setting | value |", "| --- | --- |"]
     lines += [f"| {name} | {value} |" for name, value in config.items()]
-    lines += ["", f"{metrics['tokens_per_second']:,.0f} tokens/s in {trained_in}", ""]
+    lines += ["", f"wall time {wall_seconds:.1f} s; {metrics['tokens_per_second']:,.0f} tokens/s in {trained_in}",
+              ""]
     lines += [*results, ""] if results else []
     lines += ["| update | train loss | val loss |", "| ---: | ---: | ---: |"]
     evaluated = sorted(set(val) | {update for update, _ in metrics["samples"]})
     lines += [f"| {update} | {_cell(train, update)} | {_cell(val, update)} |" for update in evaluated]
     lines += ["", f"![train and validation loss]({figure})", "", "## Samples", ""]
-    drawn = dict(metrics["drawn_samples"])
-    for update, text in metrics["samples"]:
-        lines += [f"- update {update}, greedy: `{text}`"] + ([f"- update {update}, drawn: `{drawn[update]}`"]
-                                                            if update in drawn else [])
+    lines += samples
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def evaluation_samples(metrics: dict) -> list[str]:
+    """The pretrain card's samples: each evaluation's greedy one, and its drawn one (if any)."""
+    drawn, lines = dict(metrics["drawn_samples"]), []
+    for update, text in metrics["samples"]:
+        lines.append(f"- update {update}, greedy: `{text}`")
+        if update in drawn:
+            lines.append(f"- update {update}, drawn: `{drawn[update]}`")
+    return lines
 
 
 def _cell(losses: dict, update: int) -> str:
@@ -192,8 +229,9 @@ def log_updates(closed, plan: UpdatePlan, epoch: int, begin: int, log_interval: 
     per_step = seconds / max(micro_steps, 1)
     previous = begin
     for r, loss, aux_loss in closed:
-        if plan.log_due(previous, r["step"], log_interval):
-            Logger(f"Epoch:[{epoch + 1}/{plan.epochs}]({r['step']}/{plan.iters}), loss: {loss:.4f}, "
-                   f"logits_loss: {loss - aux_loss:.4f}, aux_loss: {aux_loss:.4f}, "
-                   f"lr: {r['lr']:.8f}, left_in_epoch: {per_step * (plan.iters - r['step']) / 60:.1f}min")
+        if plan.log_due(previous, r["step"], log_interval):  # tqdm.write: beneath the epoch's bar, if still open
+            tqdm.write(f"Epoch:[{epoch + 1}/{plan.epochs}]({r['step']}/{plan.iters}), loss: {loss:.4f}, "
+                       f"logits_loss: {loss - aux_loss:.4f}, aux_loss: {aux_loss:.4f}, "
+                       f"lr: {r['lr']:.8f}, left_in_epoch: {per_step * (plan.iters - r['step']) / 60:.1f}min",
+                       file=sys.stdout)
         previous = r["step"]

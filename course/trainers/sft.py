@@ -110,6 +110,24 @@ def last_question(messages: list[dict]) -> str:
     return messages[-1]["content"].splitlines()[-1]
 
 
+def story_of(messages: list[dict]) -> str:
+    """The story a held-out question is about: the first user turn without its last line (the first question)."""
+    first = next(message["content"] for message in messages if message["role"] == "user")
+    return " ".join(first.splitlines()[:-1])
+
+
+def answers_table(questions: list[tuple[list[dict], str]], answers: dict[str, list[str]]) -> list[str]:
+    """The report card's markdown table of the shown held-out ``questions`` (history, reference answer): each one's
+    story, question and reference beside the model's answer at each point of ``answers`` (e.g. "before SFT": one
+    answer a question; an empty one shows as "(empty)")."""
+    lines = [f"| story | question | reference | {' | '.join(answers)} |", "| --- " * (3 + len(answers)) + "|"]
+    for i, (history, reference) in enumerate(questions):
+        row = [story_of(history), last_question(history), reference,
+               *(at_point[i] or "(empty)" for at_point in answers.values())]
+        lines.append("| " + " | ".join(text.replace("|", "\\|") for text in row) + " |")  # a | would end the cell
+    return lines
+
+
 def exact_answers(predictions: list[str], references: list[str]) -> int:
     """How many predictions equal their reference answer (``answer_is_exact``)."""
     if len(predictions) != len(references):

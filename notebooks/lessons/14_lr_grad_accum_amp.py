@@ -36,12 +36,13 @@ import torch
 from matplotlib.ticker import MaxNLocator
 
 from course.checks.notebook import run_checks
-from course.experiments.figures import show_and_save
+from course.experiments.figures import explain_unfinished_exercises, show_and_save
 from course.runs import LoopScenario, accumulate_gradients, epoch_batches, run_impl, tiny_batches, tiny_model
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores (with 2 threads per kernel that costs 10-50x).
 torch.set_num_threads(1)
+explain_unfinished_exercises()   # a figure cell run before its exercise is done names that exercise
 
 # %% [markdown]
 # ## Exercise 1 — the cosine schedule (lesson 14 §5.1)
@@ -80,7 +81,7 @@ torch.set_num_threads(1)
 # ## Exercise 5 — one epoch of the training loop (lesson 14 §5.5)
 #
 # Put the four pieces together into one epoch of MiniMind's loop. Lesson 14 §1 derives each part; the five
-# actions of an update run in the one order that §1.5 leaves, and §5.5 asks you to derive it before it answers.
+# actions of an update run in the one order that §1.5 leaves: derive it there before you write the loop.
 # The test runs your loop and MiniMind's on the same tiny model and data and compares every record,
 # every parameter and the AdamW state. The hidden tests add an enabled GradScaler with an overflow,
 # `scaler=None` (no loss scaling: nothing is skipped) and a count of the host syncs inside the loop.
@@ -107,8 +108,8 @@ torch.set_num_threads(1)
 #
 # ### The learning rate over micro-steps
 #
-# Two epochs of 10 micro-batches with K = 4: the lr changes at every micro-step, the optimizer steps
-# every 4th micro-step, and each epoch's last two micro-batches are flushed as a short window.
+# Two epochs of 10 micro-batches with K = 4: the lr of every micro-step, and markers where your loop
+# closes an update (a window of K, or the tail flush). Compare them with your prediction 2 of lesson 14 §3.
 
 # %% nbgrader={"grade": false, "grade_id": "plot_lr_schedule", "locked": true, "schema_version": 3, "solution": false, "task": false}
 schedule = LoopScenario("lr schedule", epochs=2, iters=10, accumulation_steps=4)

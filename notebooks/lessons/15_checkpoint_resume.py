@@ -18,8 +18,9 @@
 # `python -m course check 15` runs on `impl/checkpoint.py`, so both routes grade the same way.
 # Some test cells hold hidden tests that only run when the notebook is graded.
 #
-# Answer each section's questions in the lesson text before you write the cell: the answers are folded
-# under them there, and upstream's versions wait in §3, for after your first version.
+# Answer each section's questions in the lesson text before you write the cell. The answers are in a text of
+# their own, for after your attempt: `python -m course answer 15 5.1` (5.2, ...); upstream's versions are
+# walked through by `python -m course answer 15 3`, for after your first version.
 #
 # Training always runs on the course's oracle loop, so this notebook does not depend on your lesson 14.
 # The last part interrupts a tiny run, resumes it with *your* functions and draws the loss curves
@@ -40,13 +41,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Sampler
 
 from course.checks.notebook import run_checks
-from course.experiments.figures import show_and_save
+from course.experiments.figures import explain_unfinished_exercises, show_and_save
 from course.experiments.resume import draw_loss_curves, drift, resume_runs
 from course.runs import LoopScenario
 
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores.
 torch.set_num_threads(1)
+explain_unfinished_exercises()   # a figure cell run before its exercise is done names that exercise
 
 # %% [markdown]
 # ## Exercise 1 — skipping the batches a resumed epoch already trained (lesson 15 §5.1)

@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from course.checks.notebook import run_checks
-from course.experiments.figures import show_and_save
+from course.experiments.figures import explain_unfinished_exercises, show_and_save
 from course.experiments.token_weighting import VARIANTS, Setup, compare, draw_comparison
 from course.protocol.types import (GLOBAL_SEMANTICS, AccumulationInvalidError, TrainingSessionState,
                                            TrainingStepOptions, TrainingStepOutput, TrainingStepReport)
@@ -46,6 +46,7 @@ from course.runs import LABEL_CUTS, SESSION_SCENARIO, accumulate_token_weighted,
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores.
 torch.set_num_threads(1)
+explain_unfinished_exercises()   # a figure cell run before its exercise is done names that exercise
 
 # %% [markdown]
 # ## Exercise 1 — counting what the loss averages over (lesson 16 §4.1, the math in §1)

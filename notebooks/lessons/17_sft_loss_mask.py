@@ -11,7 +11,8 @@
 #
 # This notebook is the JupyterLab route through lesson 17. The explanations live in the lesson text,
 # `course/lessons/17_sft_loss_mask.md` (Chinese: `course/lessons/zh/17_sft_loss_mask.md`); each exercise below
-# names its section, and the text asks its questions before it answers them.
+# names its section. The text asks the questions; once you have written your own answer,
+# `python -m course answer 17 SECTION` prints the reasoning (e.g. `python -m course answer 17 5.1`).
 #
 # Write your code where it says `# YOUR CODE HERE` (delete the `raise NotImplementedError()`), run the cell, then
 # run the test cell under it. The test cells call exactly the checks that `python -m course check 17` runs on
@@ -32,7 +33,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from course.checks.notebook import run_checks
-from course.experiments.figures import show_and_save
+from course.experiments.figures import explain_unfinished_exercises, show_and_save
 from course.experiments.token_weighting import SFT_SETUP, VARIANTS, compare, draw_comparison
 from course.input_errors import InputError
 from course.minimind import IGNORE_INDEX, ByteTokenizer
@@ -45,6 +46,7 @@ from course.runs.sft import sft_dataset, sft_sample, upstream_tokenizer
 # The tensors here are tiny: one thread is faster, and several notebooks graded side by side on a
 # small machine no longer fight over cores.
 torch.set_num_threads(1)
+explain_unfinished_exercises()   # a figure cell run before its exercise is done names that exercise
 
 # %% [markdown]
 # ## Exercise 1 — the assistant-only mask (lesson 17 §5.1, the principles in §1.1 and §1.2)

@@ -6,8 +6,9 @@ HINTS: dict[str, tuple[str, ...]] = {
         "The schedule is half a cosine wave, shifted and squeezed so that it starts at base_lr and never goes "
         "below a tenth of it. Write down the two endpoint values first, then ask which cos(...) argument runs "
         "from 0 to pi as s runs from 0 to T.",
-        "course/minimind/trainer_utils.py::get_lr is the oracle; lesson 14 §5.1 plots it. Compare its value at "
-        "s = 0, s = T / 2 and s = T with what your formula gives (python -m course align 14 prints the differences).",
+        "course/minimind/trainer_utils.py::get_lr is the oracle; lesson 14 §5.1 has you reproduce it. Compare its "
+        "value at s = 0, s = T / 2 and s = T with what your formula gives (python -m course align 14 prints the "
+        "differences).",
         "lr(s) = base_lr * (a + b * cos(pi * s / T)) with lr(0) = base_lr and lr(T) = 0.1 * base_lr fixes a and b "
         "(the common slip: an old upstream formula that starts at 1.1 * base_lr).",
         "Solve a + b = 1 and a - b = 0.1: a = 0.55, b = 0.45, i.e. base_lr * (0.1 + 0.45 * (1 + cos(pi * s / T))). "

@@ -1,4 +1,4 @@
-"""Lesson 14's hardening checks of ``train_one_epoch``'s arguments (lesson 14 §13): each bad one (or the first of
+"""Lesson 14's hardening checks of ``train_one_epoch``'s arguments (lesson 14 §5.7): each bad one (or the first of
 two, in the stated order) raises ValueError naming it before the loader is touched; the boundaries are valid."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "Cut the epoch into batches first, in order, then drop the first skip_batches of them; the last, short "
         "batch belongs to the epoch too.",
         "course/minimind/trainer_utils.py::SkipBatchSampler is the oracle: read its __iter__ and __len__. Lesson "
-        "15 §3 step 1 walks it; compare list(yours) with list(upstream) for a few (N, batch_size, skip).",
+        "15 answers §3 (step 1) walks it; compare list(yours) with list(upstream) for a few (N, batch_size, skip).",
         "Keep a reference to indices, not a copy, and iterate it again in every __iter__ (set_epoch "
         "reshuffles a DistributedSampler); start a NEW list for every batch (a batch already yielded never "
         "changes); keep the last, short batch. len = ceil(N / batch_size) - skip_batches. (Optional, the "
@@ -41,7 +41,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "change them. Everything you need for the proof is already in memory: model.state_dict(), model.config, "
         "optimizer.param_groups, scaler.is_enabled().",
         "The load half of course/minimind/trainer_utils.py::lm_checkpoint (torch.load, the world-size rescale) and "
-        "the load_state_dict calls in course/minimind/train_pretrain.py's main. Lesson 15 §5.3 lists what must "
+        "the load_state_dict calls in course/minimind/train_pretrain.py's main. Lesson 15 §5.3 asks what must "
         "be refused; §1.6 the rescale; §1.7 why weights_only=True.",
         "torch.load(path, map_location='cpu', weights_only=True). Before any load_state_dict, refuse (raise) a "
         "file without the resume keys (a weights file), a model_config unlike dataclasses.asdict(model.config), "

@@ -68,7 +68,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "tensor slightly off, a sign or a place wrong) and choose inputs under which each changes the gradient.",
         "course/runs/accumulation.py::accumulate_token_weighted is the correct version your test receives; "
         "course/runs/session.py::masked_micro_batches and global_batch_gradients show how the oracle is "
-        "built. Lesson 16 §4.4's table says which input lets each bug through.",
+        "built. Lesson 16 answers §4.4's table says which input lets each bug through.",
         "K >= 2 micro-batches with UNEQUAL valid-target counts, masked (-100) targets in some, valid labels at "
         "position 0 of some samples; the oracle is ONE backward of token_nll_sum / shifted_target_count over "
         "all of them concatenated, on a second model with the same seed; compare every parameter's gradient "
@@ -87,7 +87,8 @@ HINTS: dict[str, tuple[str, ...]] = {
         "the epoch had already ended.",
         "course/protocol/driver.py::load_train_state calls it; lesson 15's stage assembly (impl/"
         "train_pretrain_impl.py, the oracle's train_epoch) writes batch_size, accum_steps and a micro-step "
-        "'step', and saves after the tail flush at the epoch's end. Lesson 16 §5.4 has the 160-sample example.",
+        "'step', and saves after the tail flush at the epoch's end. Lesson 16 answers §5.4 works the 160-sample "
+        "example.",
         "global_batch_size = batch_size * accum_steps. Micro-steps per epoch = ceil(sample_count / batch_size). "
         "step == that count -> epoch + 1, update 0, nothing dropped; step < it -> update step // accum_steps, "
         "step % accum_steps dropped. sample_position = update * global_batch_size. A state already 'global' "

@@ -8,7 +8,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "once the conversation is rendered with the chat template?",
         "course/minimind/sft.py: render_chat shows the markers (<|im_start|>assistant\\n before an answer, "
         "<|im_end|>\\n after it); SFTDataset.__init__ turns them into ids (assistant_markers) and sft_labels is "
-        "upstream's generate_labels. Lesson 17 §1.2 lists what it trains on, §3 walks through it.",
+        "upstream's generate_labels. Lesson 17 answers §1.2 list what it trains on, answers §3 walk through it.",
         "Scan the ids; where the whole assistant_start list occurs, a span opens at the id after it and runs through "
         "the first whole end list after it (those ids included), or to the sample's end when none follows; the "
         "search resumes after the span. Labels copy every id inside spans (unshifted; an id 0 there too: padding is "
@@ -22,7 +22,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "A weights file is a state dict. Loading it is exact only if it holds the model's keys, all of them and no "
         "other, at the model's shapes - and a file that does not fit must not leave the model half loaded.",
         "course/minimind/sft.py::load_weights_like_upstream is upstream's init_model: load_state_dict(strict=False), "
-        "whose missing_keys and unexpected_keys upstream throws away (lesson 17 §1.3 shows what that hides). "
+        "whose missing_keys and unexpected_keys upstream throws away (lesson 17 answers §1.3 shows what that hides). "
         "read_state_dict reads the file safely; model.state_dict() lists what the model needs.",
         "Compare the file's keys with model.state_dict()'s, and each tensor's shape, BEFORE loading; refuse with a "
         "ValueError naming the keys. Then load_state_dict copies each value into the model's own tensor (in place, "
@@ -50,7 +50,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "reports the micro-batch's tokens and the update's normalization units, and a signal on the update's last "
         "micro-batch. What does an update whose micro-batches hold no assistant token do to N?",
         "course/protocol/driver.py::run_text_training drives the session per update (TrainingStepOptions, "
-        "force_update on the last micro-batch, token_weighted_step); lesson 17 §1.4 shows what upstream's loss "
+        "force_update on the last micro-batch, token_weighted_step); lesson 17 answers §1.4 show what upstream's loss "
         "does with a batch whose samples were all cut before their answer.",
         "units = update_normalization_units(labels, K); per window of K micro-batches: if its units are 0, append "
         "None and train nothing; else train_step(batch, TrainingStepOptions(lr=lr, clip_grad_norm=clip_grad_norm, "
@@ -69,7 +69,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "a marker trained, a truncated answer dropped, a sample without an answer trained on everything, a system "
         "prompt taken for an answer, a shift) and choose a conversation under which each shows.",
         "course/runs/sft.py::sft_sample gives a conversation's ids and upstream's own labels (the oracle's "
-        "sft_labels); lesson 17 §5.4's table of wrong masks says which conversations expose them.",
+        "sft_labels); lesson 17 answers §5.4's table of wrong masks says which conversations expose them.",
         "Several conversations: one with a system prompt and two or more assistant turns; one cut (max_length) in "
         "the middle of an answer; one cut before its answer. For each, assert assistant_labels(sample.input_ids, "
         "sample.assistant_start, sample.end) == sample.labels, the whole list. Let exceptions propagate.",
@@ -80,7 +80,7 @@ HINTS: dict[str, tuple[str, ...]] = {
     "encode_sft_prompt": (
         "Upstream loses an answer when its first characters merge with the marker's newline into one token. At "
         "inference the prompt ends with the marker and the answer's tokens come after it: train on that split.",
-        "course/minimind/sft.py::encode_prompt tokenizes the whole text at once; lesson 17 §1.2 and "
+        "course/minimind/sft.py::encode_prompt tokenizes the whole text at once; lesson 17 answers §1.2 and "
         "tests/test_upstream_sft_fixture.py's quirk test show the merged token (1925, '\\n ').",
         "Cut the prompt after each '<|im_start|>assistant\\n', tokenize the pieces one by one and join the ids; "
         "then cut to max_length, pad with the pad id and label with assistant_labels.",

@@ -171,7 +171,7 @@ def mask_test_passes_correct_and_fails_wrong(impl):
 PAD_ID_MASKS = (
     WrongImplementation("pad_id_never_a_target", "labels an id 0 inside a span -100 (\"padding is never a target\")",
                         "give your test an answer that holds id 0, the pad id: the text <|endoftext|> is that one "
-                        "token, and upstream trains on it like any id of the span (lesson 17 §1.2)",
+                        "token, and upstream trains on it like any id of the span (lesson 17 answers §1.2)",
                         pad_id_never_a_target),
 )
 
