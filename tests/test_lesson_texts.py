@@ -126,3 +126,41 @@ def test_every_cited_section_exists():
                       if lesson_id in LESSONS   # lesson 90 is the scaffold test's
                       and number not in section_numbers(LESSONS[lesson_id].files()[f"{kind} (en)"])})
     assert not missing, "sections cited in the code that no text has:\n" + "\n".join(f"  {s}: {c}" for s, c in missing)
+
+
+# --- no solution expression in a lesson text ----------------------------------------------------------------------
+
+# What an exercise asks the student to derive, as the old texts printed it (each pattern matched them: see
+# OLD_GIVEAWAYS). The principle may state a consequence; the expression to copy stands only in the answers.
+SOLUTION_EXPRESSIONS = {
+    "14": [r"\\bmod K\s*(=|\\neq|\\ne)\s*0", r"%\s*(K|accumulation_steps)\s*(==|!=)\s*0", r"0\.45",
+           r"enabled\s*=\s*False"],
+    "15": [r"\\lfloor\s*\\texttt\{step\}", r"\(epoch \+ 1, 0\)"],
+    "16": [r"backpropagates\s+\$?S_k\s*/\s*N", r"Backpropagate \$S_k / N"],
+    "17": [r"load_state_dict\(state_dict\)\` copies", r"Once the file is proven"],
+}
+OLD_GIVEAWAYS = {   # excerpts of the texts before they were split (main 45162bb)
+    "14": r"$$\text{step now} \iff s \bmod K = 0$$ ... if step % accumulation_steps == 0: ... "
+          r"\eta_0 \left( 0.1 + 0.45 ... torch.amp.GradScaler(torch.device(device).type, enabled=False)",
+    "15": r"$$ \texttt{step}_c = \lfloor \texttt{step}_s \cdot W_s / W_c \rfloor. $$ ... resumes at `(epoch + 1, 0)`",
+    "16": r"2. micro-batch k backpropagates S_k / N ... ### 1.2 Backpropagate $S_k / N$",
+    "17": r"Once the file is proven, `load_state_dict(state_dict)` copies each value into the model's",
+}
+
+
+def solution_expressions_in(lesson_id: str, text: str) -> list[str]:
+    return [pattern for pattern in SOLUTION_EXPRESSIONS.get(lesson_id, []) if re.search(pattern, text)]
+
+
+@by_id
+def test_the_lesson_texts_hold_no_solution_expression(lesson):
+    for language in ("en", "zh"):
+        path = lesson.files()[f"lesson text ({language})"]
+        found = solution_expressions_in(lesson.lesson_id, path.read_text(encoding="utf-8"))
+        assert not found, (f"{cli.relative(path)} prints what its exercises ask to derive (patterns {found}): state "
+                           f"the principle and its consequence there, the expression in the answers text")
+
+
+@pytest.mark.parametrize("lesson_id", sorted(OLD_GIVEAWAYS))
+def test_each_solution_pattern_finds_the_old_text(lesson_id):
+    assert solution_expressions_in(lesson_id, OLD_GIVEAWAYS[lesson_id]) == SOLUTION_EXPRESSIONS[lesson_id]
