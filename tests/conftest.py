@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 
 # Every test process, and what it starts, on the course's thread count (course/runs/threads.py), set before
 # torch starts: the tiny models run fastest on one thread, and two xdist workers each on torch's default
@@ -147,3 +148,56 @@ def pytest_collection_modifyitems(config, items):   # ran after it under pytest 
             item.add_marker(pytest.mark.cpu_matrix)
     items.sort(key=lambda item: _rank(groups[item.nodeid]))
     return (yield)
+
+
+# --- progress a person can read --------------------------------------------------------------------------------
+# `-n auto` prints only dots for minutes; this prints one line per test file as its last test finishes (its counts,
+# the seconds its tests took and the suite's elapsed time), from the process that reports (xdist's controller).
+
+class FileProgress:
+    def __init__(self, terminal):
+        self.terminal, self.start = terminal, time.monotonic()
+        self.left, self.outcomes, self.seconds = {}, {}, {}
+
+    def expect(self, nodeids) -> None:
+        for nodeid in nodeids:
+            self.left[_file_of(nodeid)] = self.left.get(_file_of(nodeid), 0) + 1
+
+    def report(self, report) -> None:
+        name = _file_of(report.nodeid)
+        self.seconds[name] = self.seconds.get(name, 0.0) + report.duration
+        outcome = ("failed" if report.failed else "skipped" if report.skipped else "passed") if report.when == "call" \
+            or (report.when == "setup" and not report.passed) else None
+        if outcome is None or name not in self.left:
+            return
+        counts = self.outcomes.setdefault(name, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+        self.left[name] -= 1
+        if self.left[name] == 0:
+            summary = ", ".join(f"{n} {o}" for o, n in counts.items())
+            if self.terminal._tw.width_of_current_line:   # after a row of dots: a line of its own
+                self.terminal.write_line("")
+            self.terminal.write_line(f"[{time.monotonic() - self.start:5.0f} s] done {name}: {summary} "
+                                     f"({self.seconds[name]:.1f} s of tests)")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):   # without xdist: this process runs the tests
+        self.expect(item.nodeid for item in items)
+
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if not self.left:   # every worker collects the same tests
+            self.expect(ids)
+
+    def pytest_runtest_logreport(self, report):
+        self.report(report)
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(trylast=True)   # after the terminal reporter registered itself
+def pytest_configure(config):
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None and not hasattr(config, "workerinput") and config.getoption("verbose") >= 0:
+        config.pluginmanager.register(FileProgress(terminal), "file-progress")
