@@ -12,6 +12,8 @@ a parameter without a gradient, one raises): any exception rejects those.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 import itertools
 import sys
@@ -23,7 +25,8 @@ import torch.testing._comparison as comparison
 
 from .catalogue import Mistake, mistake
 from .framework import fail, same_value
-from .wrong_gradients import edited_gradients, malformed_results, one_gradient_off, why_let_through
+from .wrong_gradients import (edited_gradients, malformed_results, one_element_negated, one_gradient_off,
+                              why_let_through)
 
 MESSAGE_CHARS = 600   # of the student's own assertion message, quoted in a failure
 
@@ -137,12 +140,13 @@ def expect_verdicts(test_name: str, student_test: Callable, correct: Iterable[Ca
 def grade_student_test(test_name: str, student_test: Callable, correct: Sequence[Callable],
                        wrong: Sequence[WrongImplementation], correct_hint: str) -> None:
     """A test of gradient accumulation: ``expect_verdicts`` on ``correct`` and on ``wrong``,
-    ``one_gradient_off(correct[0])``, ``edited_gradients(correct[0])`` and ``malformed_results(correct[0])``."""
+    ``one_gradient_off(correct[0])``, ``edited_gradients(correct[0])``, ``one_element_negated(correct[0])`` (after
+    the edits whose hints name a blindness to signs or places) and ``malformed_results(correct[0])``."""
     with plain_tensor_comparisons():
         replayed = Replayed(correct[0])
         expect_verdicts(test_name, student_test, (replayed, *correct[1:]),
                         itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed),
-                                        malformed_results(replayed)),
+                                        one_element_negated(replayed), malformed_results(replayed)),
                         correct_hint, "the implementation's contract is in its docstring "
                         "(course/runs/accumulation.py); run your test on it by hand",
                         lambda implementation: f"{why_let_through(student_test, replayed, implementation)}. And does "
@@ -163,9 +167,27 @@ def assert_gradients(rtol: str, actual: str = "param.grad", expected: str = "exp
             '                                   msg=lambda detail: f"gradient of {name}: {detail}")\n')
 
 
+# The words of the hint each weakening of a student's test gets (course/checks/wrong_gradients.py computes it):
+# every weak_comparisons entry's rule, for both test-writing exercises.
+WEAK_COMPARISON_RULES = {
+    "test_swallows_errors": "let it propagate", "test_largest_element_only": "only the large elements",
+    "test_first_rows_only": "compares some elements", "test_first_elements_only": "compares some elements",
+    "test_strided_elements": "compares some elements", "test_cosine_only": "compares directions only",
+    "test_skips_missing_gradients": "skips a parameter without a gradient",
+    "test_skips_small_gradients": "compare EVERY parameter's gradient", "test_asserts_nothing": "compares nothing",
+    "test_one_parameter_only": "compare EVERY parameter's gradient",
+    "test_gradient_norm_only": "not one tensor, a norm or a sum", "test_rtol_one_percent": "lets a 1% error through",
+    "test_tolerance_far_too_loose": "tolerance is larger than the gradients",
+    "test_assert_close_defaults": "float32 default", "test_compares_norms_per_parameter": "cannot see a sign",
+    "test_compares_sums": "cannot see where its values are", "test_abs_values": "cannot see a sign",
+    "test_skips_vectors": "compare EVERY parameter's gradient", "test_large_elements_only": "only the large elements",
+}
+
+
 def weak_comparisons(function: str, rtol: str, check: Callable, call: str) -> list[Mistake]:
     """The weakenings of a reference test (``function`` calls the implementation in the line ``call``, then
-    compares every parameter's gradient with ``assert_close(rtol=rtol, atol=1e-6)``); each must FAIL ``check``."""
+    compares every parameter's gradient with ``assert_close(rtol=rtol, atol=1e-6)``); each must FAIL ``check``,
+    with a hint naming its rule (WEAK_COMPARISON_RULES)."""
     comparison = COMPARE_EVERY_PARAMETER + assert_gradients(rtol)
     indented_call = "".join(f"    {line}\n" for line in call.splitlines())
 
@@ -174,15 +196,18 @@ def weak_comparisons(function: str, rtol: str, check: Callable, call: str) -> li
 
     def skip_parameters(condition: str) -> str:
         return COMPARE_EVERY_PARAMETER + f"        if {condition}:\n            continue\n" + assert_gradients(rtol)
-    return [
+    weak = [
         mistake("test_swallows_errors", "the implementation's exceptions caught: a crashing implementation passes",
                 function, call, f"    try:\n{indented_call}    except Exception:\n        return\n", check),
         mistake("test_largest_element_only", "compares each gradient's largest element only", function,
                 assert_gradients(rtol), compare_elements(".flatten()[expected.grad.abs().argmax()]"), check),
         mistake("test_first_rows_only", "compares the first two rows (elements of a vector) of each gradient",
                 function, assert_gradients(rtol), compare_elements("[:2]"), check),
-        mistake("test_strided_elements", "compares every 97th element of each gradient", function,
-                assert_gradients(rtol), compare_elements(".flatten()[::97]"), check),
+        mistake("test_first_elements_only", "compares the first 64 elements of each gradient (all of a small "
+                "one, the first rows of the embedding)", function, assert_gradients(rtol),
+                compare_elements(".flatten()[:64]"), check),
+        mistake("test_strided_elements", "compares every 7th element of each gradient", function,
+                assert_gradients(rtol), compare_elements(".flatten()[::7]"), check),
         mistake("test_cosine_only", "compares each gradient's direction (cosine similarity 1), not its size",
                 function, assert_gradients(rtol),
                 assert_gradients(rtol, "torch.nn.functional.cosine_similarity(param.grad.double().flatten(), "
@@ -227,3 +252,4 @@ def weak_comparisons(function: str, rtol: str, check: Callable, call: str) -> li
                 COMPARE_EVERY_PARAMETER + "        if param.dim() < 2:\n            continue\n"
                 + assert_gradients(rtol), check),
     ]
+    return [dataclasses.replace(m, rule=WEAK_COMPARISON_RULES[m.name]) for m in weak]

@@ -103,16 +103,34 @@ class OneGradientOff(GradientEdit):
                 f"too): {self.hint}")
 
 
-def one_gradient_off(accumulate: Callable) -> Iterator[OneGradientOff]:
-    """One wrong implementation per large gradient tensor of the model the student's test uses, made
-    lazily: the count is known once the test has called the first one."""
+def per_large_gradient(make: Callable[[int], GradientEdit]) -> Iterator[GradientEdit]:
+    """``make(index)`` for each large gradient tensor of the model the student's test uses, made lazily: the
+    count is known once the test has called the first one."""
     index = 0
     while True:
-        wrong = OneGradientOff(accumulate, index)
+        wrong = make(index)
         yield wrong
         index += 1
         if wrong.tensors is None or index >= wrong.tensors:
             return
+
+
+def one_gradient_off(accumulate: Callable) -> Iterator[OneGradientOff]:
+    """One wrong implementation per large gradient tensor: that tensor ONE_TENSOR_ERROR too large."""
+    return per_large_gradient(lambda index: OneGradientOff(accumulate, index))
+
+
+def one_element_negated(accumulate: Callable) -> Iterator[GradientEdit]:
+    """One wrong implementation per large gradient tensor: one element of that tensor alone negated
+    (``_negate_one_element``), so that a test which compares every element of the small tensors but only some
+    of a large one (its first rows, a stride) lets it through."""
+    return per_large_gradient(lambda index: GradientEdit(
+        f"accumulate_one_element_negated[{index}]", accumulate,
+        lambda large: _negate_one_element(large[index:index + 1]),
+        "correct except that one element of the gradient of {parameters} (its last one holding >= 1 % of the "
+        "tensor's largest value at an index no stride from 0 up to 16 reaches) is negated",
+        "a test that compares some elements (the first rows, a stride, the largest values) cannot see the "
+        f"others: {ELEMENT_WISE}, every element"))
 
 
 def _negate_all(large):
@@ -144,18 +162,23 @@ def _shift_elements(large):
 
 def _negate_one_element(large):
     """In each gradient, the last element (in memory order) holding >= 1 % of the tensor's largest |value|,
-    the largest itself excepted, is negated: in the last rows, off most strides from 0."""
+    the largest itself excepted, at a prime index above 16 is negated: in the last rows, and off every stride
+    from 0 up to 16 (a prime p > 16 is a multiple of none of them)."""
     edited = []
     for name, grad in large:
         flat = grad.view(-1)
         magnitude = flat.abs()
         candidates = magnitude >= 1e-2 * magnitude.max()
         candidates[magnitude.argmax()] = False
-        if candidates.any():
-            index = int(candidates.nonzero()[-1])
+        index = next((int(i) for i in reversed(candidates.nonzero().flatten()) if _is_prime_above_16(int(i))), None)
+        if index is not None:
             flat[index] = -flat[index]
             edited.append((name, grad))
     return edited
+
+
+def _is_prime_above_16(n: int) -> bool:
+    return n > 16 and all(n % d for d in range(2, int(n ** 0.5) + 1))
 
 
 def _negate_small_elements(large):
@@ -192,10 +215,6 @@ def edited_gradients(accumulate: Callable) -> list:
                      "each gradient tensor's elements shifted by one place: every tensor's norm, sum, mean and "
                      "values right, in the wrong places", "a norm, sum, mean, max or the sorted values of a tensor "
                      f"cannot see where its values are: {ELEMENT_WISE}"),
-        GradientEdit("accumulate_one_element_negated", accumulate, _negate_one_element,
-                     "correct except that one element of each gradient tensor (its last one holding >= 1 % of the "
-                     "tensor's largest value) is negated", "a test that compares some elements (the first rows, "
-                     f"a stride, the largest values) cannot see the others: {ELEMENT_WISE}, every element"),
         GradientEdit("accumulate_small_elements_negated", accumulate, _negate_small_elements,
                      "correct except that every gradient element between 1e-5 and 1e-4 in size is negated: the large "
                      "elements, which carry nearly all of the norm, are right",

@@ -30,15 +30,16 @@ LESSON = Lesson(
     objectives={
         "assistant_mask": "a conversation's labels are the ids of its assistant spans (from the id after each "
                           "assistant marker through its end marker; a span cut by the truncation to the end), -100 "
-                          "elsewhere: upstream's labels, token for token",
+                          "elsewhere: upstream's labels, token for token; its arguments left as they were",
         "pretrained_weights": "a pretraining weights file (fp32, or upstream's fp16) loads into the model in place, "
-                              "exactly, at the model's dtype; a file with a key missing, unexpected or of another "
-                              "shape is refused naming the key, before the model changes",
+                              "exactly, at the model's dtype, each entry by its name; a file with a key missing, "
+                              "unexpected or of another shape is refused naming the key, before the model changes",
         "normalization_units": "each micro-batch's normalization units are the shifted assistant targets of its "
                                "whole update: its window of K micro-batches, the epoch's short tail its own",
         "sft_updates": "each update's gradient equals one backward of the token mean over all its assistant tokens, "
                        "with one optimizer step per update (the tail too), stepped at the given lr and clipped at the "
-                       "given clip_grad_norm; an update without an assistant token is not trained",
+                       "given clip_grad_norm; an update without an assistant token is not trained; the caller's "
+                       "micro-batches left as they were",
         "test_writing": "your test proves a mask equals upstream's, on conversations that expose each wrong mask",
     },
     checks=checks_in(checks, weights, updates, test_writing, extensions),

@@ -62,6 +62,10 @@ def mask_hint(input_ids, assistant_start, end, actual, expected) -> str:
     if targets < wanted and ends and wanted - targets == {i for i in ends if i + 1 not in ends}:
         return (f"the newline after <|im_end|> is a target: it is part of the end marker (ids {list(end)}), and a "
                 "span runs through all of them")
+    if targets < wanted and wanted - targets <= cut and all(input_ids[i] == 0 for i in wanted - targets):
+        return ("a span cut by the truncation (no end marker left) runs to the end of the sample, an id 0 there "
+                "too: a sample cut inside an answer holds no padding, its last ids are the answer's (the text "
+                "<|endoftext|> is id 0)")
     first_missing = min(wanted - targets, default=None)
     if targets < wanted and any(input_ids[i] == 0 for i in wanted & set(range(first_missing - len(end),
                                                                                   first_missing + 1))):
@@ -80,7 +84,9 @@ def mask_hint(input_ids, assistant_start, end, actual, expected) -> str:
 
 
 def expect_labels(impl, what: str, sample: SFTSample) -> None:
-    actual = impl.assistant_labels(list(sample.input_ids), list(sample.assistant_start), list(sample.end))
+    """``assistant_labels`` gives the sample's labels and leaves its arguments as they were."""
+    arguments = (list(sample.input_ids), list(sample.assistant_start), list(sample.end))
+    actual = impl.assistant_labels(*arguments)
     if actual != sample.labels:
         hint = mask_hint(sample.input_ids, sample.assistant_start, sample.end, actual, sample.labels)
         positions = [i for i, (a, e) in enumerate(zip(actual, sample.labels)) if a != e] or [len(sample.labels)]
@@ -88,6 +94,14 @@ def expect_labels(impl, what: str, sample: SFTSample) -> None:
         fail(f"assistant_labels on {what} ({len(sample.input_ids)} ids; input_ids[{window.start}:{window.stop}] = "
              f"{sample.input_ids[window]}): labels first differ at position {positions[0]}, around it",
              actual[window] if isinstance(actual, list) else actual, sample.labels[window], f"hint: the rule: {hint}")
+    for name, argument, given in zip(("input_ids", "assistant_start", "end"), arguments,
+                                     (sample.input_ids, sample.assistant_start, sample.end)):
+        if argument != given:
+            changed = next(i for i, (a, g) in enumerate(zip([*argument, None], [*given, None])) if a != g)
+            fail(f"assistant_labels on {what}: its argument {name} afterwards, from position {changed}",
+                 argument[changed:changed + 8], given[changed:changed + 8], "hint: the rule: the labels are a new "
+                 "list; the arguments stay as they were (input_ids are the sample's input to the model, the "
+                 "markers serve every sample)")
 
 
 def cut_samples(messages: list[dict], tokenizer=None) -> dict[str, SFTSample]:
@@ -126,16 +140,26 @@ def labels_cover_every_assistant_turn(impl):
         expect_labels(impl, what, sample)
 
 
+def cut_after_its_last_id_0(messages: list[dict], tokenizer=None) -> dict[str, SFTSample]:
+    """``messages`` cut right after the last id 0 (the text <|endoftext|>) of its last answer: its last id is a
+    target that looks like padding."""
+    whole = sft_sample(messages, 512, tokenizer)
+    length = max(i for i in runs(whole.labels)[-1] if whole.input_ids[i] == 0) + 1
+    return {f"cut right after the id 0 its last answer holds, to {length}": sft_sample(messages, length, tokenizer)}
+
+
 @check("assistant_labels", objective="assistant_mask")
 def labels_of_a_truncated_conversation(impl):
     """Upstream's labels on conversations cut to max_length: inside the last answer (its span runs to the end),
-    between the two ids of its end marker, right after its assistant marker and inside it (no target left), with
-    upstream's tokenizer and the byte-level one."""
+    between the two ids of its end marker, right after its assistant marker and inside it (no target left), right
+    after an id 0 inside the answer (the sample's last id, a target), with upstream's tokenizer and the byte-level
+    one."""
     for tokenizer in (None, ByteTokenizer()):
         name = "byte-level" if tokenizer else "upstream's"
         for what, sample in {**cut_samples([SYSTEM, *chat("Name a color.", "Red, like a ripe strawberry.")],
                                            tokenizer),
-                             **cut_samples(THREE_TURNS[:4], tokenizer)}.items():
+                             **cut_samples(THREE_TURNS[:4], tokenizer),
+                             **cut_after_its_last_id_0(END_OF_TEXT, tokenizer)}.items():
             expect_labels(impl, f"a conversation {what} ({name} tokenizer)", sample)
 
 

@@ -24,7 +24,7 @@ HINTS: dict[str, tuple[str, ...]] = {
         "course/minimind/sft.py::load_weights_like_upstream is upstream's init_model: load_state_dict(strict=False), "
         "whose missing_keys and unexpected_keys upstream throws away (lesson 17 answers §1.3 shows what that hides). "
         "read_state_dict reads the file safely; model.state_dict() lists what the model needs.",
-        "Compare the file's keys with model.state_dict()'s, and each tensor's shape, BEFORE loading; refuse with a "
+        "Compare the file's keys with model.state_dict()'s, and each tensor's whole shape, BEFORE loading; refuse with a "
         "ValueError naming the keys. Then load_state_dict copies each value into the model's own tensor (in place, "
         "cast to its dtype; not assign=True). Return the dict you read. (Hardening, optional, §5.5: name every bad "
         "key, an entry that is not a tensor is refused by name.)",
@@ -67,7 +67,8 @@ HINTS: dict[str, tuple[str, ...]] = {
     "test_assistant_labels_match_upstream": (
         "A test is only as strong as the wrong masks it rejects. List the ways a mask can go wrong (a turn missed, "
         "a marker trained, a truncated answer dropped, a sample without an answer trained on everything, a system "
-        "prompt taken for an answer, a shift) and choose a conversation under which each shows.",
+        "prompt taken for an answer, the empty think block left out, a shift, every label moved one position) and "
+        "choose a conversation under which each shows.",
         "course/runs/sft.py::sft_sample gives a conversation's ids and upstream's own labels (the oracle's "
         "sft_labels); lesson 17 answers §5.4's table of wrong masks says which conversations expose them.",
         "Several conversations: one with a system prompt and two or more assistant turns; one cut (max_length) in "

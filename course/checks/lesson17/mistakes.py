@@ -71,6 +71,19 @@ MISTAKES = [
             "assistant_labels", "        labels[first:stop] = input_ids[first:stop]",
             "        labels[first:stop] = [i if i != 0 else IGNORE_INDEX for i in input_ids[first:stop]]",
             labels_cover_every_assistant_turn, rule="the pad id 0 included"),
+    mistake("padding_stripped_first", "trailing id 0s stripped as padding before the spans are found: a sample cut "
+            "right after an answer's <|endoftext|> loses that target", "assistant_labels",
+            "    for first, stop in _spans(input_ids, assistant_start, end):\n",
+            "    unpadded = list(input_ids)\n    while unpadded and unpadded[-1] == 0:\n        unpadded.pop()\n"
+            "    for first, stop in _spans(unpadded, assistant_start, end):\n", labels_of_a_truncated_conversation,
+            rule="holds no padding"),
+    mistake("masks_input_ids_in_place", "writes -100 into input_ids outside the spans and returns them: the right "
+            "labels, but the sample's input ids are gone", "assistant_labels",
+            "    labels = [IGNORE_INDEX] * len(input_ids)\n    for first, stop in _spans(input_ids, assistant_start, "
+            "end):\n        labels[first:stop] = input_ids[first:stop]\n    return labels\n",
+            "    inside = {i for first, stop in _spans(input_ids, assistant_start, end) for i in range(first, stop)}\n"
+            "    for i in range(len(input_ids)):\n        if i not in inside:\n            input_ids[i] = IGNORE_INDEX\n"
+            "    return input_ids\n", labels_cover_every_assistant_turn, rule="the arguments stay as they were"),
     mistake("end_matched_by_its_first_id", "a span ends at the end marker's first id, <|im_end|> alone",
             "_spans", "if input_ids[i:i + len(end)] == end)", "if input_ids[i] == end[0])",
             labels_match_whole_markers, rule="the whole end marker"),
@@ -85,6 +98,24 @@ MISTAKES = [
             "load_state_dict refuses it", "_validate_weights", "misshapen = sorted((expected.keys() & "
             "state_dict.keys()) - fits)", "misshapen = []", refuses_a_file_that_does_not_fit,
             rule="refuse before the model changes"),
+    mistake("shapes_compared_by_numel", "compares each tensor's element count, not its shape: a transposed "
+            "tensor passes, then load_state_dict refuses it after copying the rest", "_validate_weights",
+            "value.shape == expected[name].shape", "value.numel() == expected[name].numel()",
+            refuses_a_file_that_does_not_fit, rule="each whole shape"),
+    mistake("shapes_compared_by_first_dim", "compares each tensor's first dimension only: a tensor with more columns "
+            "passes, then load_state_dict refuses it after copying the rest", "_validate_weights",
+            "value.shape == expected[name].shape", "value.shape[0] == expected[name].shape[0]",
+            refuses_a_file_that_does_not_fit, rule="each whole shape"),
+    mistake("copies_in_file_order", "copies the file's values into the model's tensors in order, not by name: a "
+            "file whose keys come in another order is loaded into the wrong tensors", "load_pretrained_weights",
+            "    model.load_state_dict(state_dict)\n",
+            "    with torch.no_grad():\n        for tensor, value in zip(model.state_dict().values(), "
+            "state_dict.values()):\n            tensor.copy_(value)\n", loads_a_weights_file_exactly,
+            rule="of the same name"),
+    mistake("model_cast_to_fp32", "the model is cast to fp32 before loading, so that the load is exact: a bf16 model "
+            "comes back fp32", "load_pretrained_weights", "    model.load_state_dict(state_dict)\n",
+            "    model.float().load_state_dict(state_dict)\n", loads_a_weights_file_exactly,
+            rule="the model is never cast"),
     mistake("assign_replaces_parameters", "load_state_dict(assign=True): the file's tensors replace the model's "
             "parameters (fp16, untied)", "load_pretrained_weights", "    model.load_state_dict(state_dict)\n",
             "    model.load_state_dict(state_dict, assign=True)\n", loads_a_weights_file_exactly,
@@ -109,6 +140,9 @@ MISTAKES = [
     mistake("units_count_masked_labels", "counts every shifted position, -100 included", "update_normalization_units",
             "int((labels[..., 1:] != IGNORE_INDEX).sum())", "labels[..., 1:].numel()",
             units_are_each_updates_shifted_targets, rule="not -100"),
+    mistake("units_count_positive_ids", "counts the labels > 0 as targets: an answer's id 0 (<|endoftext|>) is "
+            "left out", "update_normalization_units", "(labels[..., 1:] != IGNORE_INDEX)", "(labels[..., 1:] > 0)",
+            units_are_each_updates_shifted_targets, rule="id 0 too"),
     mistake("units_drop_the_tail", "the epoch's short last window gets no units", "update_normalization_units",
             "    for start in range(0, len(counts), accumulation_steps):",
             "    for start in range(0, len(counts) - accumulation_steps + 1, accumulation_steps):",
@@ -133,6 +167,14 @@ MISTAKES = [
             "        for position, batch in enumerate(window):\n" + OPTIONS.replace("units[start]",
                                                                                   "max(units[start], 1)"),
             sft_epoch_closes_each_update_once, rule="an update without any assistant token is not trained"),
+    mistake("pops_the_micro_batches", "each window popped off the front of the caller's list: the epoch trains "
+            "right, and leaves the caller's list empty", "sft_epoch",
+            "    for start in range(0, len(micro_batches), accumulation_steps):\n"
+            "        window = micro_batches[start:start + accumulation_steps]\n",
+            "    for start in range(0, len(units), accumulation_steps):\n"
+            "        window = [micro_batches.pop(0) for _ in range(min(accumulation_steps, len(micro_batches)))]\n",
+            sft_epoch_update_is_one_backward_of_its_assistant_tokens,
+            rule="leave the caller's micro-batches as they were"),
     mistake("tail_never_closed", "no force_update: the epoch's short last update never closes", "sft_epoch",
             "force_update=position == len(window) - 1)", "force_update=False)", sft_epoch_closes_each_update_once,
             rule="each closes once, on the last micro-batch it sends"),
@@ -162,6 +204,10 @@ MISTAKES = [
             "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length, tokenizer)\n",
             '        sample = sft_sample([m for m in messages if m["role"] != "system"], max_length, tokenizer)\n',
             mask_test_passes_correct_and_fails_wrong, rule="put a system prompt first"),
+    mistake("test_think_blocks_removed", "every conversation of the test has its empty think blocks removed",
+            "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length, tokenizer)\n",
+            "        sample = sft_sample(messages, max_length, tokenizer, empty_think_removed=True)\n",
+            mask_test_passes_correct_and_fails_wrong, rule="keep the empty think blocks"),
     mistake("test_never_cuts_an_answer", "no conversation of the test is cut inside an answer",
             "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
             "    for messages, max_length, tokenizer in MASK_TEST_CASES[:1]:", mask_test_passes_correct_and_fails_wrong,
@@ -174,6 +220,12 @@ MISTAKES = [
             "test_assistant_labels_match_upstream", "        assert labels == sample.labels,",
             "        assert [label == -100 for label in labels] == [label == -100 for label in sample.labels],",
             mask_test_passes_correct_and_fails_wrong, rule="compare the labels' values"),
+    mistake("test_compares_target_values_only", "the test compares the targets' values in order, not where they "
+            "are: a mask moved by one position passes", "test_assistant_labels_match_upstream",
+            "        assert labels == sample.labels,",
+            "        assert [label for label in labels if label != -100] == "
+            "[label for label in sample.labels if label != -100],", mask_test_passes_correct_and_fails_wrong,
+            rule="at its position"),
     mistake("test_swallows_errors", "the test catches the implementation's exceptions: a crashing one passes",
             "test_assistant_labels_match_upstream", TEST_CALL,
             "        try:\n    " + TEST_CALL + "        except Exception:\n            return\n",

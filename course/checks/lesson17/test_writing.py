@@ -3,8 +3,11 @@ masks and fail each wrong one below. Each wrong mask differs from upstream's onl
 (its ``hint`` says which), so a test passes this check only if its conversations cover them all."""
 from __future__ import annotations
 
-from course.minimind import IGNORE_INDEX
-from course.minimind.sft import sft_labels
+import functools
+
+from course.minimind import IGNORE_INDEX, ByteTokenizer
+from course.minimind.sft import EMPTY_THINK_BLOCK, sft_labels
+from course.runs.sft import upstream_tokenizer
 
 from ..framework import check
 from ..student_tests import WrongImplementation, expect_verdicts
@@ -108,6 +111,35 @@ def shifted(input_ids, assistant_start, end):
             for i, label in enumerate(labels)]
 
 
+@functools.cache
+def empty_think_blocks() -> tuple[list[int], ...]:
+    """The ids of ``<think>\\n\\n</think>\\n\\n`` with upstream's tokenizer and the byte-level one."""
+    return tuple(tokenizer(EMPTY_THINK_BLOCK, add_special_tokens=False).input_ids
+                 for tokenizer in (upstream_tokenizer(), ByteTokenizer()))
+
+
+def empty_think_block_not_trained(input_ids, assistant_start, end):
+    """The empty think block that opens an answer labelled -100, as if it were no part of the answer (right
+    wherever the empty think blocks were removed)."""
+    labels = upstream_labels(input_ids, assistant_start, end)
+    for block in empty_think_blocks():
+        for first, _ in spans(labels):
+            if list(input_ids[first:first + len(block)]) == block:
+                labels[first:first + len(block)] = [IGNORE_INDEX] * len(block)
+    return labels
+
+
+def moved_one_earlier(input_ids, assistant_start, end):
+    """Pre-shifted labels (lesson 17 §1.1): each target one position early, where the model predicts it; the
+    same targets in the same order."""
+    return [*upstream_labels(input_ids, assistant_start, end)[1:], IGNORE_INDEX]
+
+
+def moved_one_later(input_ids, assistant_start, end):
+    """Each target one position late; the same targets in the same order (the last one cut off at the end)."""
+    return [IGNORE_INDEX, *upstream_labels(input_ids, assistant_start, end)[:-1]]
+
+
 def pad_id_never_a_target(input_ids, assistant_start, end):
     """"Padding is never a target": an id 0 inside a span labelled -100 (right wherever no answer holds id 0)."""
     return [IGNORE_INDEX if label == 0 else label for label in upstream_labels(input_ids, assistant_start, end)]
@@ -121,6 +153,9 @@ def raises(input_ids, assistant_start, end):
 class Crashing(WrongImplementation):
     malformed = True   # any exception in the test rejects it; only a test that swallows errors lets it through
 
+
+MOVED_HINT = ("compare each label at its position (the whole lists): a mask moved by one position holds the same "
+              "target values in the same order, so a test that compares only the targets' values lets it through")
 
 WRONG_MASKS = (
     WrongImplementation("first_answer_only", "labels the first assistant turn only", "with a single assistant turn "
@@ -139,6 +174,10 @@ WRONG_MASKS = (
                         "of its ids, like pretraining", "cut a conversation before its answer (inside or right "
                         "after the assistant marker): upstream gives it no target at all",
                         answerless_sample_trains_on_everything),
+    WrongImplementation("empty_think_block_not_trained", "leaves out the empty think block that opens an answer",
+                        "keep the empty think blocks in a conversation (sft_sample's default): upstream trains on "
+                        "<think>\\n\\n</think>\\n\\n like any id of the span (lesson 17 §1.2)",
+                        empty_think_block_not_trained),
     WrongImplementation("with_the_marker", "labels the assistant marker too", "compare every label, each sample "
                         "whole: the marker's ids are -100 in upstream's labels", with_the_marker),
     WrongImplementation("without_the_end_marker", "stops each span before <|im_end|>", "compare every label: the end "
@@ -148,6 +187,9 @@ WRONG_MASKS = (
                         without_the_newline_after_the_end),
     WrongImplementation("shifted", "labels shifted by one (the next id at each target)", "compare the labels' values, "
                         "not only where they are -100", shifted),
+    WrongImplementation("moved_one_earlier", "every label moved one position earlier: labels pre-shifted for the "
+                        "model (lesson 17 §1.1)", MOVED_HINT, moved_one_earlier),
+    WrongImplementation("moved_one_later", "every label moved one position later", MOVED_HINT, moved_one_later),
     Crashing("raises", "computes the labels, then raises", "let the implementation's exceptions propagate: do not "
              "catch them in your test", raises),
 )
@@ -155,10 +197,11 @@ WRONG_MASKS = (
 
 @check("test_assistant_labels_match_upstream", objective="test_writing")
 def mask_test_passes_correct_and_fails_wrong(impl):
-    """Your test passes upstream's rule written two ways and raises AssertionError on each of 9 wrong masks: the
+    """Your test passes upstream's rule written two ways and raises AssertionError on each of 12 wrong masks: the
     first turn only, every second turn taken for the assistant's, a truncated answer dropped or one id short, a
-    sample without an answer trained on everything, the marker labelled, the end marker or its newline left
-    out, labels shifted; and it fails (any exception) on an implementation that raises."""
+    sample without an answer trained on everything, the empty think block left out, the marker labelled, the end
+    marker or its newline left out, labels shifted, every label moved one position earlier (pre-shifted) or
+    later; and it fails (any exception) on an implementation that raises."""
     expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream,
                     (upstream_labels, labels_by_scanning), WRONG_MASKS,
                     "a correct mask is upstream's labels, token for token: compare with sft_sample(...).labels",

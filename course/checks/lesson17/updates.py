@@ -18,10 +18,12 @@ from course.minimind import IGNORE_INDEX
 from course.protocol.text import token_weighted_step
 from course.reference import train_session as lesson16
 from course.runs import grads_of, params_of, session_model
-from course.runs.sft import sft_micro_batches, sft_update_gradients
+from course.runs.eager import eager
+from course.runs.sft import sft_micro_batches, sft_sample, sft_update_gradients
 
 from ..framework import check, expect_equal, expect_raises, expect_tensors_close, expect_type, fail
 from ..lesson16.checks import GRAD_ATOL, GRAD_RTOL, rule
+from .checks import END_OF_TEXT
 
 
 def labels_with(counts: list[int], seq: int = 8) -> torch.Tensor:
@@ -44,16 +46,19 @@ UNIT_CASES = (
 )
 
 
-def units_hint(counts: list[int], k: int, got) -> str:
+def units_hint(counts: list[int], k: int, got, expected: list[int]) -> str:
     """The cause a wrong list of units points at."""
     windows = [counts[i:i + k] for i in range(0, len(counts), k)]
     if got == counts:
         return "each micro-batch got its own count: the units are those of its whole update (K micro-batches)"
     if got == [sum(counts)] * len(counts) and len(windows) > 1:
         return "every micro-batch got the epoch's total: the units are those of its own update only"
-    if isinstance(got, list) and len(got) == len(counts) and all(g >= c for g, c in zip(got, counts)):
+    if isinstance(got, list) and len(got) == len(counts) and all(g >= e for g, e in zip(got, expected)):
         return ("count only the targets the loss averages over: a label at position >= 1 (labels[..., 1:]) that "
                 "is not -100")
+    if isinstance(got, list) and len(got) == len(expected) and all(g <= e for g, e in zip(got, expected)):
+        return ("a target is any label that is not -100, id 0 too: an answer may hold the pad id 0 (the text "
+                "<|endoftext|> is that one token), and the loss trains on it")
     return ("windows of K consecutive micro-batches from the first; the last window holds what remains; one "
             "entry per micro-batch")
 
@@ -61,15 +66,18 @@ def units_hint(counts: list[int], k: int, got) -> str:
 @check("update_normalization_units", objective="normalization_units")
 def units_are_each_updates_shifted_targets(impl):
     """Per micro-batch, the shifted targets (labels[..., 1:] != -100) of its window of K: a short tail is its own
-    update, K = 1 and a K larger than the epoch too, an update may hold none; and on real SFT masks."""
+    update, K = 1 and a K larger than the epoch too, an update may hold none; and on real SFT masks, one whose
+    answers hold id 0 (the text <|endoftext|>: a target like any id)."""
     cases = [([labels_with(c) for c in batches], k, expected) for batches, k, expected in UNIT_CASES]
     cases.append(([b.labels for b in sft_micro_batches()], 3, [35] * 3 + [0] * 3 + [52] * 3 + [18]))
+    # 28 shifted targets, 2 of them id 0, then a micro-batch of 3
+    cases.append(([torch.tensor([sft_sample(END_OF_TEXT, 96).labels]), labels_with([3])], 2, [31, 31]))
     for labels, k, expected in cases:
         counts = [int((lab[..., 1:] != IGNORE_INDEX).sum()) for lab in labels]
         got = impl.update_normalization_units(labels, k)
         if got != expected:
             fail(f"update_normalization_units(micro-batches holding {counts} shifted targets, accumulation_steps={k})",
-                 got, expected, f"hint: the rule: {units_hint(counts, k, got)}")
+                 got, expected, f"hint: the rule: {units_hint(counts, k, got, expected)}")
 
 
 @check("update_normalization_units")
@@ -96,7 +104,7 @@ class RecordingSession:
 
     def __init__(self, accumulation_steps: int):
         model = session_model()
-        self.session = lesson16.TrainingSession(model, torch.optim.SGD(model.parameters(), lr=0.1),
+        self.session = lesson16.TrainingSession(model, eager(torch.optim.SGD)(model.parameters(), lr=0.1),
                                                 accumulation_steps=accumulation_steps)
         self.model, self.optimizer = self.session.model, self.session.optimizer
         self.calls, self.updates, self.applied, self._pending = [], [], [], []
@@ -123,14 +131,23 @@ class RecordingSession:
 def run_epoch(impl, k: int = 3, batches=None, **options) -> tuple[RecordingSession, list, list]:
     """``sft_epoch`` over the SFT micro-batches; its failure is the check's, with the rule it likely broke."""
     batches = sft_micro_batches() if batches is None else batches
+    given = [(batch, batch.input_ids.clone(), batch.labels.clone()) for batch in batches]
     session = RecordingSession(k)
     try:
         result = impl.sft_epoch(session, batches, k, **options)
     except NotImplementedError:
         raise
     except Exception as exc:
-        fail(f"sft_epoch(session, {len(batches)} micro-batches, {k}) raised", f"{type(exc).__name__}: {exc}",
+        fail(f"sft_epoch(session, {len(given)} micro-batches, {k}) raised", f"{type(exc).__name__}: {exc}",
              "one entry per update", f"hint: the rule: {epoch_error_hint(exc)}")
+    # The oracle trains on these batches: they must be the caller's, as given.
+    if len(batches) != len(given) or not all(batch is b and torch.equal(batch.input_ids, ids) and
+                                             torch.equal(batch.labels, labels)
+                                             for batch, (b, ids, labels) in zip(batches, given)):
+        fail(f"sft_epoch(session, {len(given)} micro-batches, {k}): the caller's micro-batches afterwards",
+             f"{len(batches)} micro-batches, changed", f"the {len(given)} micro-batches as given",
+             "hint: the rule: leave the caller's micro-batches as they were (the list, each batch's input_ids "
+             "and labels): take each window as a slice, do not pop, clear or edit them")
     return session, batches, result
 
 

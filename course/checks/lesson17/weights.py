@@ -2,9 +2,10 @@
 
 The files are written here, from a tiny model whose weights differ from a fresh one's: as lesson 14's stage
 assembly saves them (``model.state_dict()``, fp32) and as upstream's ``train_pretrain.py`` does (every entry
-``.half()``: ``save_weights_like_upstream``), then with a key left out, one added, every key renamed by
-``torch.compile``, as lesson 15's resume checkpoint, and for a wider model. Loading copies values: compared
-bit for bit (an fp16 value is exact in fp32).
+``.half()``: ``save_weights_like_upstream``), with its keys in another order, then with a key left out, one added,
+every key renamed by ``torch.compile``, as lesson 15's resume checkpoint, for a wider model, and with one tensor of
+another shape: more rows, more columns (as many rows), transposed (as many elements). Loading copies values:
+compared bit for bit (an fp16 value is exact in fp32; into a bf16 model each value is the file's cast to bf16).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from course.minimind.sft import save_weights_like_upstream
 from course.runs import SESSION_SCENARIO, params_of, session_model, tiny_model
+from course.runs.eager import eager
 
 from ..framework import check, expect_equal, expect_raises, fail
 from ..lesson16.checks import rule
@@ -32,7 +34,7 @@ def pretrained_model() -> torch.nn.Module:
     return model
 
 
-RESHAPED = "model.layers.0.mlp.up_proj.weight"   # given 8 more rows in one file
+RESHAPED = "model.layers.0.mlp.up_proj.weight"   # 128 x 32: given another shape in some files
 
 
 @contextlib.contextmanager
@@ -41,15 +43,19 @@ def weights_files():
     model = pretrained_model()
     state = model.state_dict()
     wider = tiny_model(SESSION_SCENARIO.with_(hidden_size=48)).state_dict()
+    rows, columns = state[RESHAPED].shape
     contents = {
         "fp32": state,
+        "reordered": dict(reversed(state.items())),
         "missing": {k: v for k, v in state.items() if k != "model.norm.weight"},
         "unexpected": {**state, "lm_head.bias": torch.zeros(state["lm_head.weight"].shape[0])},
         "compiled": {f"_orig_mod.{k}": v for k, v in state.items()},
-        "resume": {"model": state, "optimizer": torch.optim.AdamW(model.parameters()).state_dict(), "scaler": None,
-                   "epoch": 0, "step": 8, "world_size": 1},
+        "resume": {"model": state, "optimizer": eager(torch.optim.AdamW)(model.parameters()).state_dict(),
+                   "scaler": None, "epoch": 0, "step": 8, "world_size": 1},
         "wider": wider,
-        "reshaped": {**state, RESHAPED: torch.zeros(state[RESHAPED].shape[0] + 8, state[RESHAPED].shape[1])},
+        "more_rows": {**state, RESHAPED: torch.zeros(rows + 8, columns)},
+        "more_columns": {**state, RESHAPED: torch.zeros(rows, columns + 8)},   # its first dimension the model's
+        "transposed": {**state, RESHAPED: state[RESHAPED].t().contiguous()},   # its element count the model's
     }
     with tempfile.TemporaryDirectory(prefix="lesson17-weights-") as folder:
         paths = {kind: Path(folder) / f"{kind}.pth" for kind in (*contents, "fp16")}
@@ -59,52 +65,63 @@ def weights_files():
         yield paths
 
 
-def load_hint(model, params_before: list) -> str:
+def load_hint(model, params_before: list, dtype: torch.dtype) -> str:
     """Why a loaded model is not the file's: its parameters replaced, its dtype changed, or values off."""
     if [id(p) for p in model.parameters()] != [id(p) for p in params_before]:
         return ("the model's parameters were replaced, not written into (assign=True, or a new model): an optimizer "
                 "built on them would train tensors the model no longer uses; load in place")
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        return "the model changed its dtype: values are cast to the model's dtype (fp16 -> fp32 is exact), not back"
+    if any(p.dtype != dtype for p in model.parameters()):
+        return (f"the model changed its dtype ({next(p.dtype for p in model.parameters() if p.dtype != dtype)}, not "
+                f"its own {dtype}): the file's values are cast to the model's dtype (fp16 -> fp32 is exact), the "
+                "model is never cast")
     if model.lm_head.weight is not model.model.embed_tokens.weight:
         return "lm_head.weight is tied to the embedding: load both into the model's own tensors"
-    return "every entry of the file goes into the model's tensor of the same name, value for value"
+    return ("every entry of the file goes into the model's tensor of the same name, value for value, whatever the "
+            "order of the file's keys")
+
+
+# (what is loaded, the file's kind, the model's dtype)
+LOADS = (("lesson 14's fp32 file", "fp32", torch.float32), ("upstream's fp16 file", "fp16", torch.float32),
+         ("an fp32 file, its keys in reverse order", "reordered", torch.float32),
+         ("lesson 14's fp32 file", "fp32", torch.bfloat16))
 
 
 @check("load_pretrained_weights", objective="pretrained_weights")
 def loads_a_weights_file_exactly(impl):
-    """A weights file saved as lesson 14's stage saves it (fp32) and as upstream saves it (fp16) loads into a fresh
-    tiny model in place: its parameters (the same objects, the embedding still tied to lm_head, still fp32) hold
-    the file's values cast to fp32; it returns the file's state dict as read."""
+    """A weights file saved as lesson 14's stage saves it (fp32), as upstream saves it (fp16) and with its keys in
+    another order loads into a fresh tiny model in place: its parameters (the same objects, the embedding still
+    tied to lm_head, still at the model's dtype: fp32, and bf16 for a bf16 model) hold the file's values cast to
+    that dtype; it returns the file's state dict as read."""
     with weights_files() as paths:
-        for kind in ("fp32", "fp16"):
+        for what, kind, dtype in LOADS:
             file = torch.load(paths[kind], weights_only=True)
-            model = session_model()
+            model = session_model().to(dtype)
             params_before = list(model.parameters())
             try:
                 returned = impl.load_pretrained_weights(model, paths[kind])
             except NotImplementedError:
                 raise
             except Exception as exc:
-                fail(f"load_pretrained_weights(fresh model, {kind} weights file)", f"{type(exc).__name__}: {exc}",
+                fail(f"load_pretrained_weights(fresh {dtype} model, {what})", f"{type(exc).__name__}: {exc}",
                      "the file loaded", "hint: the rule: a weights file of the model's own keys and shapes loads, "
-                     "whatever the dtype of its values")
-            hint = load_hint(model, params_before)
+                     "whatever the order of its keys and the dtype of its values: each entry into the model's tensor "
+                     "of the same name")
+            hint = load_hint(model, params_before, dtype)
             for name, value in model.state_dict().items():
-                if value.dtype != torch.float32 or not torch.equal(value, file[name].float()):
-                    fail(f"load_pretrained_weights(fresh model, {kind} file): {name} after loading "
+                if value.dtype != dtype or not torch.equal(value, file[name].to(dtype)):
+                    fail(f"load_pretrained_weights(fresh {dtype} model, {what}): {name} after loading "
                          f"(dtype {value.dtype})", value.flatten()[:4].tolist(),
-                         file[name].float().flatten()[:4].tolist(), f"hint: the rule: {hint}")
+                         file[name].to(dtype).flatten()[:4].tolist(), f"hint: the rule: {hint}")
             if [id(p) for p in model.parameters()] != [id(p) for p in params_before] or \
                     model.lm_head.weight is not model.model.embed_tokens.weight:
-                fail(f"load_pretrained_weights(fresh model, {kind} file): the model's parameters afterwards",
+                fail(f"load_pretrained_weights(fresh {dtype} model, {what}): the model's parameters afterwards",
                      "other objects, or lm_head untied", "the same objects, lm_head tied to the embedding",
                      f"hint: the rule: {hint}")
             as_read = isinstance(returned, dict) and sorted(returned) == sorted(file) and all(
                 isinstance(returned[k], torch.Tensor) and returned[k].dtype == v.dtype and torch.equal(returned[k], v)
                 for k, v in file.items())
             if not as_read:
-                fail(f"load_pretrained_weights(fresh model, {kind} file): what it returns",
+                fail(f"load_pretrained_weights(fresh {dtype} model, {what}): what it returns",
                      f"{type(returned).__name__} {sorted(returned)[:3] if isinstance(returned, dict) else returned}",
                      f"dict, the file's {len(file)} entries as read ({file['model.norm.weight'].dtype})",
                      "hint: the rule: return the file's state dict as read (its keys, its dtype)")
@@ -116,16 +133,21 @@ MISFITS = (("a file without model.norm.weight", "missing", "model.norm.weight"),
            ("a file saved through torch.compile (every key prefixed _orig_mod.)", "compiled", None),
            ("lesson 15's resume checkpoint (model, optimizer, scaler, epoch, step, world_size)", "resume", None),
            ("the weights of a wider model (hidden size 48)", "wider", None),
-           (f"a file whose {RESHAPED} has 8 more rows", "reshaped", RESHAPED))
+           (f"a file whose {RESHAPED} has 8 more rows", "more_rows", RESHAPED),
+           (f"a file whose {RESHAPED} has 8 more columns (as many rows as the model's)", "more_columns", RESHAPED),
+           (f"a file whose {RESHAPED} is transposed (as many elements as the model's)", "transposed", RESHAPED))
 
 
 @check("load_pretrained_weights", objective="pretrained_weights")
 def refuses_a_file_that_does_not_fit(impl):
     """A file that is not the model's weights is refused with an error naming a key, and the model stays as it
-    was: a key missing (upstream's strict=False loads the rest and says nothing), an extra key, every key
-    prefixed by torch.compile, a resume checkpoint, a wider model's shapes, one tensor of another shape."""
+    was, every parameter bit for bit: a key missing (upstream's strict=False loads the rest and says nothing), an
+    extra key, every key prefixed by torch.compile, a resume checkpoint, a wider model's shapes, one tensor of
+    another shape: more rows, more columns, transposed (a shape is compared whole, not by its first dimension or
+    its element count)."""
     with weights_files() as paths:
-        keys = {*session_model().state_dict(), *(k for p in paths.values() for k in torch.load(p, weights_only=True))}
+        keys = {*session_model().state_dict(),
+                *(k for _, kind, key in MISFITS if key is None for k in torch.load(paths[kind], weights_only=True))}
         for what, kind, key in MISFITS:
             model = session_model()
             before = params_of(model)
@@ -148,8 +170,10 @@ def refuses_a_file_that_does_not_fit(impl):
             if changed:
                 fail(f"load_pretrained_weights(model, {what}) refused the file, but the model changed",
                      f"{len(changed)} parameters changed, e.g. {changed[:2]}", "no parameter changed",
-                     "hint: the rule: refuse before the model changes: compare every key and shape first "
-                     "(load_state_dict(strict=True) raises only after copying whatever fits)")
+                     "hint: the rule: refuse before the model changes: compare every key and each whole shape "
+                     "first (torch.Size equality: a transposed tensor has the model's element count, one with more "
+                     "columns its first dimension; load_state_dict(strict=True) raises only after copying whatever "
+                     "fits)")
 
 
 @check("load_pretrained_weights")
