@@ -67,12 +67,13 @@ def accumulation_test_passes_correct_and_fails_wrong(impl):
     raises AssertionError on each of 5 wrong ones: no division by K, division by K twice, zero_grad every
     micro-batch, the first micro-batch only, division by the micro-batch size; on one gradient tensor 1 % off
     (each large tensor in turn); on 5 that keep every norm and sum: all gradients negated, one negated, two
-    swapped, each tensor's elements shifted, one element of each tensor negated; on the smallest gradient
-    zeroed; and it fails (any exception) on a parameter left without a gradient and on an implementation that
+    swapped, each tensor's elements shifted, the small elements negated; on one element of one tensor negated
+    (each large tensor in turn); on the smallest gradient zeroed; and it fails (any exception) on a parameter left without a gradient and on an implementation that
     raises."""
     grade_student_test("test_accumulation_matches_big_batch", impl.test_accumulation_matches_big_batch,
                        (accumulate_gradients, in_float64(accumulate_gradients)), WRONG_ACCUMULATIONS,
                        "a correct accumulation differs from one big batch by float rounding (~1e-8 here, other "
                        "orders and float64 differ in other bits): compare with a tolerance, e.g. "
                        "torch.testing.assert_close(rtol=1e-4, atol=1e-6), against ONE backward of the whole batch's "
-                       "mean loss")
+                       "mean loss, on a dense model (an MoE's aux loss of a big batch is not the mean of its "
+                       "micro-batches' aux losses)")

@@ -60,8 +60,8 @@ def token_weighted_test_passes_correct_and_fails_wrong(impl):
     float64) and raises AssertionError on each of 4 wrong ones: the mean of micro-batch means, a count with the
     masked targets, each micro-batch by its own count, a count without the shift; on one gradient tensor 1 % off
     (each large tensor in turn); on 5 that keep every norm and sum: all gradients negated, one negated, two
-    swapped, each tensor's elements shifted, one element of each tensor negated; on the smallest gradient
-    zeroed; and it fails (any exception) on a parameter left without a gradient and on an implementation that
+    swapped, each tensor's elements shifted, the small elements negated; on one element of one tensor negated
+    (each large tensor in turn); on the smallest gradient zeroed; and it fails (any exception) on a parameter left without a gradient and on an implementation that
     raises."""
     grade_student_test("test_token_weighted_matches_global_batch", impl.test_token_weighted_matches_global_batch,
                        (accumulate_token_weighted, in_float64(accumulate_token_weighted)), WRONG_TOKEN_WEIGHTINGS,
