@@ -6,14 +6,14 @@ replace each ``raise NotImplementedError`` with your code, then run ``python -m 
 from __future__ import annotations
 
 import dataclasses  # noqa: F401 - model.config is a dataclass
-import os  # noqa: F401 - os.replace, os.fsync
-import tempfile  # noqa: F401 - a temporary file next to the target
+import os  # noqa: F401
+import tempfile  # noqa: F401
 from collections.abc import Sized  # noqa: F401 - what has a len()
 from pathlib import Path  # noqa: F401
 
 import torch  # noqa: F401
 import torch.distributed as dist  # noqa: F401 - the current world size
-from torch.nn.parallel import DistributedDataParallel  # noqa: F401 - unwrapped before saving
+from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 from torch.utils.data import Sampler
 
 
