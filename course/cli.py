@@ -53,9 +53,10 @@ from .trainers.chat import add_chat_arguments, chat
 
 
 def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_optional: bool = False,
-                 only: Optional[list[str]] = None, jobs: int = 1) -> dict:
+                 only: Optional[list[str]] = None, jobs: int = 1, answers_for: Optional[str] = None) -> dict:
     """Grade one implementation; the dict is what ``--json`` prints and the table shows.
 
+    ``answers_for``: the folder the answer command's note looks at (default ``impl_dir``; "" for impl/).
     ``passed`` / ``total`` count the core exercises only (they decide the exit code); the hardening tiers
     and the optional extensions are graded only with ``include_optional`` (an extension also when ``only``
     names it), and summed apart under ``hardening`` and ``optional``."""
@@ -76,7 +77,8 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
         else:
             exercises.append({"exercise": result.exercise.name, "section": result.exercise.section,
                               "tier": result.tier, "optional": result.tier == OPTIONAL, **row,
-                              "next": next_step(lesson, result.exercise, row["status"])})
+                              "next": next_step(lesson, result.exercise, row["status"],
+                                                impl_dir if answers_for is None else answers_for)})
     core = [e for e in exercises if e["tier"] == CORE]
     return {"lesson": lesson_id, "impl": impl_dir or impl, "only": only, "exercises": exercises,
             "hints_used": hints.used(lesson_id),
@@ -90,13 +92,15 @@ def answer_section(exercise) -> str:
     return exercise.section.split("§")[1]
 
 
-def next_step(lesson, exercise, status: str) -> str:
-    """What to do after a result: a passed exercise compares with the answer's reasoning, a failed one climbs
-    the hint ladder; "" otherwise (TODO, not graded, or no answer written for the section)."""
+def next_step(lesson, exercise, status: str, impl_dir: Optional[str] = None) -> str:
+    """What to do after a result: a passed exercise compares with the answer's reasoning (of the graded folder,
+    ``impl_dir``, when not impl/), a failed one climbs the hint ladder; "" otherwise (TODO, not graded, or no
+    answer written for the section)."""
     answers = lesson.files()["answers (en)"]
     if status == PASS and answers.is_file() and answer_section(exercise) in section_numbers(answers):
+        where = f" --impl-dir {impl_dir}" if impl_dir else ""
         return (f"compare with the reference reasoning: python -m course answer {lesson.lesson_id} "
-                f"{answer_section(exercise)}")
+                f"{answer_section(exercise)}{where}")
     if status not in (PASS, TODO, SKIP) and exercise.name in lesson.hints:
         return f"stuck? python -m course hint {lesson.lesson_id} {exercise.name} (the next of {len(hints.LEVELS)} hints)"
     return ""
@@ -199,7 +203,7 @@ def check_notebook(args) -> int:
         source = notebook_module_source(Path(args.notebook))
         with tempfile.TemporaryDirectory(prefix="notebook-check-") as folder:
             (Path(folder) / lesson.module_file).write_text(source, encoding="utf-8")
-            report = grade_lesson(args.lesson, "dir", folder, args.all, only, args.jobs)
+            report = grade_lesson(args.lesson, "dir", folder, args.all, only, args.jobs, answers_for="")
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -407,11 +411,14 @@ def cmd_kernels(args) -> int:
 
 def cmd_grade_class(args) -> int:
     """Grade every submission of a class (README, "Instructor notes")."""
-    if not args.unconfined and (why := unavailable()):
-        return refuse(InputError(f"--unconfined: {why}; pass --unconfined to grade with the time and memory limits "
-                                 "alone (student code then runs with your rights)"))
+    why = unavailable()
+    if why and not args.unconfined:
+        return refuse(InputError(f"--unconfined: {why}; pass --unconfined to grade without it (README, "
+                                 "\"Instructor notes\": what a submission can then do)"))
+    if why:
+        print(f"--unconfined: {why}", flush=True)
     settings = Settings(Limits(args.timeout, args.memory_mb, confined=not args.unconfined), args.cell_timeout,
-                        args.jobs)
+                        args.jobs, args.every_cell)
     run = ClassRun(args.lesson, Path(args.submissions_dir), Path(args.out) if args.out else None, settings,
                    args.dask_scheduler, args.shard_size)
     try:
@@ -449,10 +456,16 @@ def add_grade_class_parser(sub) -> None:
                        help="wall-time limit of one submission's grading, all its cells (default: 300)")
     grade.add_argument("--cell-timeout", type=positive_number, default=0.0, metavar="SECONDS",
                        help="notebooks: limit of one cell (default: the course's Execute.timeout, as autograde)")
+    grade.add_argument("--every-cell", action="store_true",
+                       help="notebooks: run the figure, hardening and extension cells too, as autograde does (they "
+                            "score nothing; the feedback then shows them)")
     grade.add_argument("--memory-mb", type=positive_integer, default=4096, metavar="MIB",
-                       help="address-space limit of one submission's grader (default: 4096; torch needs ~1000)")
+                       help="memory of one submission's grading: its processes, their shared memory and files in "
+                            "its scratch directory (a cgroup), and each process's address space (default: 4096; "
+                            "torch's address space alone is ~1000)")
     grade.add_argument("--unconfined", action="store_true",
-                       help="grade without namespaces and Landlock (where the kernel lacks them): limits only")
+                       help="grade where the sandbox (bubblewrap) or the cgroup limits are missing, with what this "
+                            "machine has (it says what is not enforced)")
     grade.add_argument("--dask-scheduler", default=None, metavar="ADDRESS",
                        help="grade on a Dask cluster: a scheduler address (tcp://host:8786), or 'local' for a "
                             "LocalCluster of --jobs workers here")

@@ -8,7 +8,7 @@ with your code, then run ``python -m course check 16``. The API types (``Trainin
 """
 from __future__ import annotations
 
-import math  # noqa: F401 - you will need it
+import math  # noqa: F401
 from contextlib import nullcontext  # noqa: F401 - autocast=None and the DDP no_sync switch
 
 import torch  # noqa: F401

@@ -51,7 +51,7 @@ def main(argv=None) -> dict:
     global_loss = sum(sums) / n_total
     mean_of_means = sum(s / n for s, n in zip(sums, units)) / k
     token_weighted = sum((n / n_total) * (s / n) for s, n in zip(sums, units))
-    print(f"global loss S / N = {global_loss:.4f}; token-weighted sum_k (n_k / N) * mean_k = {token_weighted:.4f}; "
+    print(f"global loss S / N = {global_loss:.4f}; token-weighted accumulation = {token_weighted:.4f}; "
           f"lesson 14 mean of means = {mean_of_means:.4f}")
     print(f"weight of one token of micro-batch 1 / micro-batch 4: token-weighted 1/N = 1/{n_total} for both; "
           f"naive 1/(K n_k) = 1/{k * units[0]} vs 1/{k * units[-1]}")

@@ -53,8 +53,8 @@ def _to_model(model, batch: TextBatch):
 def token_weighted_step(model, batch: TextBatch) -> TrainingStepOutput:
     """Mean NLL over this micro-batch's valid tokens (+ MoE aux loss), with its token count.
 
-    The session reweights it by ``loss_units / normalization_units``, so the update's gradient is
-    the one of the whole global batch's token mean. A batch without valid tokens contributes 0.
+    The session weights it (lesson 16 §1.2) so that the update's gradient is the one of the whole global
+    batch's token mean. A batch without valid tokens contributes 0.
     """
     input_ids, labels = _to_model(model, batch)
     out = model(input_ids)
@@ -67,8 +67,8 @@ def token_weighted_step(model, batch: TextBatch) -> TrainingStepOutput:
 def naive_mean_step(model, batch: TextBatch) -> TrainingStepOutput:
     """Lesson 14's objective as a step function: the micro-batch MEAN counts as one unit.
 
-    With ``normalization_units = K`` the session then backpropagates ``loss / K``: the mean of
-    micro-batch means, which is the bug this lesson fixes. Kept for the labs and the comparison.
+    With ``normalization_units = K`` the session then trains on the mean of micro-batch means, which is the
+    bug this lesson fixes. Kept for the labs and the comparison.
     """
     input_ids, labels = _to_model(model, batch)
     out = model(input_ids, labels=labels)

@@ -31,7 +31,8 @@ class TrainingStepOutput:
     """What a task's ``step_fn(model, batch)`` returns for one micro-batch.
 
     ``loss`` is already normalized by ``gradient_units`` (e.g. NLL sum / valid tokens of this
-    micro-batch); the session rescales it by ``gradient_units / normalization_units``.
+    micro-batch); the session weights it so that the update's gradient is one backward of the mean over the
+    whole update's ``normalization_units`` (lesson 16 §1.2 asks by which factor).
     ``loss_sum`` (an un-normalized numerator on the device) and ``loss_units`` feed the loss
     readback. A micro-batch without valid units returns ``gradient_units=0`` and a finite loss.
     """

@@ -199,8 +199,8 @@ def save_with(impl, path: Path, objects, **replaced) -> Path:
 
 def foreign_files(impl, tmp: str, objects):
     """The lesson's list (§5.3), each file written as a real run would write it: a weights-only file, fp16
-    weights (upstream's resume file), another model's shapes or config, another optimizer's state, no scaler
-    state for an enabled scaler."""
+    weights (upstream's resume file) or bf16 ones, another model's shapes or config, another optimizer's state, no
+    scaler state ({} or None) for an enabled scaler."""
     tmp = Path(tmp)
     parameter_names = tuple(objects.model.state_dict())
     weights = tmp / "weights.pth"
@@ -216,6 +216,13 @@ def foreign_files(impl, tmp: str, objects):
                       (("float16", "model_config") + parameter_names,),
                       "fp16 weights are an export, not a resume checkpoint: compare each tensor's dtype with "
                       "model.state_dict()'s")
+    good = torch.load(save_with(impl, tmp / "fp32.pth", objects), weights_only=True)
+    bf16 = tmp / "bf16_weights.pth"
+    torch.save(dict(good, model={k: v.to(torch.bfloat16) for k, v in good["model"].items()}), bf16)
+    yield ForeignFile("a resume checkpoint whose weights were exported in bf16 (as lossy as fp16)", bf16, RESUME_BASE,
+                      (("bfloat16",) + parameter_names,),
+                      "bf16 weights are a lossy export too: compare each tensor's dtype with model.state_dict()'s, "
+                      "not with float16 alone")
     config = dataclasses.asdict(objects.model.config)
     for other in (RESUME_BASE.with_(use_moe=True), RESUME_BASE.with_(num_hidden_layers=3),
                   RESUME_BASE.with_(hidden_size=48)):
@@ -251,14 +258,21 @@ def foreign_files(impl, tmp: str, objects):
                       save_with(impl, tmp / "no_scaler.pth", objects), RESUME_BASE.with_(scaler_enabled=True),
                       ("scaler",), "an enabled scaler needs a non-empty saved scaler state (a disabled GradScaler "
                       "saves {})")
+    scaler_none = tmp / "scaler_none.pth"
+    torch.save(dict(good, scaler=None), scaler_none)
+    yield ForeignFile("a checkpoint of a run saved with scaler=None (its scaler entry None) into an enabled GradScaler",
+                      scaler_none, RESUME_BASE.with_(scaler_enabled=True), ("scaler",),
+                      "an enabled scaler needs a saved scaler state: refuse an empty one, None (saved with "
+                      "scaler=None) as well as {} (a disabled GradScaler's)")
 
 
 @check("load_checkpoint", objective="refuse_foreign", hidden=True, uses=("save_checkpoint",))
 @names_the_rule("refuse, before the first load_state_dict, a file an exact resume cannot start from")
 def load_checkpoint_rejects_foreign_checkpoints(impl):
-    """A weights-only file, upstream's fp16 resume file, another model's checkpoint (other shapes, or only another
-    rope_theta), another optimizer's state (SGD, other param groups, other parameters), an empty scaler state for
-    an enabled scaler: the load is refused (any error), and model, optimizer and scaler are as before."""
+    """A weights-only file, upstream's fp16 resume file, a bf16 export, another model's checkpoint (other shapes, or
+    only another rope_theta), another optimizer's state (SGD, other param groups, other parameters), an empty
+    scaler state ({} or None) for an enabled scaler: the load is refused (any error), and model, optimizer and
+    scaler are as before."""
     with good_checkpoint(impl) as (objects, _, tmp, _):
         for foreign in foreign_files(impl, tmp, objects):
             target = training_objects(foreign.scenario)

@@ -50,6 +50,10 @@ CORE_MISTAKES = [
         "save_checkpoint", '"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}',
         '"model": {k: v.detach().half().cpu() for k, v in model.state_dict().items()}',
         save_checkpoint_writes_full_state, rule="fp32 stays fp32"),
+    mistake("save_needs_a_scaler", "scaler.state_dict() whether or not a scaler was given: the contract's example, "
+        "a save with scaler=None, raises", "save_checkpoint",
+        '"scaler": scaler.state_dict() if scaler is not None else None,', '"scaler": scaler.state_dict(),',
+        save_checkpoint_writes_full_state, rule="scaler may be None"),
     mistake("non_atomic_write", "torch.save straight onto the path: a crash mid-save destroys the last checkpoint",
         "save_checkpoint", MKSTEMP, "fd, tmp_name = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), str(path)",
         save_checkpoint_is_atomic, rule="write to a temporary file"),
@@ -67,6 +71,10 @@ CORE_MISTAKES = [
     mistake("save_needs_a_path_object", "path.parent of a str path: save_checkpoint('out/resume.pth') raises",
         "save_checkpoint", "    path = Path(path)\n    model = _unwrapped(model)\n", "    model = _unwrapped(model)\n",
         save_checkpoint_writes_next_to_the_target, rule="path may be a str"),
+    mistake("other_ranks_skip_the_pending_check", "ranks other than 0 return before looking at the gradients: "
+        "rank 0 refuses, the others go on alone", "save_checkpoint", PENDING,
+        "    if dist.is_initialized() and dist.get_rank() != 0:\n        return\n" + PENDING,
+        save_checkpoint_refuses_pending_gradients, rule="every rank refuses a pending gradient"),
     mistake("saves_mid_accumulation", "saves while gradients are pending: the file silently lacks them",
         "save_checkpoint", PENDING, "    if False:\n", save_checkpoint_refuses_pending_gradients,
         rule="accumulated since the last update are pending"),
@@ -124,6 +132,14 @@ CORE_MISTAKES = [
     mistake("loads_a_disabled_scaler_state", "accepts a disabled scaler's empty state for an enabled scaler",
         "_validate_checkpoint", '    if scaler is not None and scaler.is_enabled() and not checkpoint["scaler"]:\n',
         "    if False:\n", load_checkpoint_rejects_foreign_checkpoints, rule="non-empty saved scaler state"),
+    mistake("refuses_fp16_weights_only", "takes only float16 weights for an export: a bf16 export, as lossy, "
+        "loads into the fp32 model", "_validate_model_state", "        if got.dtype != want.dtype:\n",
+        "        if got.dtype == torch.float16:\n", load_checkpoint_rejects_foreign_checkpoints,
+        rule="not with float16 alone"),
+    mistake("scaler_state_none_accepted", "refuses the empty scaler state {} only: a scaler entry None (saved with "
+        "scaler=None) loads into an enabled GradScaler, whose scale restarts at 65536", "_validate_checkpoint",
+        'scaler.is_enabled() and not checkpoint["scaler"]:', 'scaler.is_enabled() and checkpoint["scaler"] == {}:',
+        load_checkpoint_rejects_foreign_checkpoints, rule="None (saved with scaler=None)"),
     mistake("no_world_size_rescale", "keeps the saved step after a world-size change (upstream rescales it)",
         "load_checkpoint", '    if checkpoint["world_size"] != current:\n', "    if False:\n",
         load_checkpoint_rescales_step_for_world_size, rule="rescale the step"),
@@ -192,6 +208,10 @@ HARDENING_MISTAKES = [
     mistake("no_parent_directory", "writes into out_dir without creating it: FileNotFoundError on a first run",
         "save_checkpoint", "    path.parent.mkdir(parents=True, exist_ok=True)\n", "",
         save_checkpoint_creates_the_directory_and_uses_os_replace),
+    mistake("makedirs_of_an_empty_dirname", "os.makedirs(os.path.dirname(path)): a bare file name's dirname is '', "
+        "which os.makedirs refuses, so save_checkpoint('resume.pth') raises", "save_checkpoint",
+        "    path.parent.mkdir(parents=True, exist_ok=True)\n", "    os.makedirs(os.path.dirname(path), exist_ok=True)\n",
+        save_checkpoint_creates_the_directory_and_uses_os_replace, rule="a bare file name"),
     mistake("removes_the_previous_before_the_rename", "deletes the previous checkpoint, then renames the new one "
         "onto the path: if that rename fails (another file system, permissions), no checkpoint is left",
         "save_checkpoint", "        os.replace(tmp_name, path)\n",
@@ -225,7 +245,7 @@ HARDENING_MISTAKES = [
         save_checkpoint_leaves_its_inputs_unchanged),
     mistake("pending_means_nonzero_sum", "grad.sum() != 0: a gradient whose entries cancel (+1, -1) is taken for "
         "none", "save_checkpoint", PENDING, PENDING.replace("p.grad.ne(0).any()", "p.grad.sum() != 0"),
-        save_checkpoint_refuses_every_pending_gradient_with_a_value_error),
+        save_checkpoint_refuses_pending_gradients, rule="also when its entries cancel"),
     mistake("nan_gradient_not_pending", "grad.abs().sum() > 0: a NaN gradient compares False and passes",
         "save_checkpoint", PENDING, PENDING.replace("p.grad.ne(0).any()", "p.grad.abs().sum() > 0"),
         save_checkpoint_refuses_every_pending_gradient_with_a_value_error),

@@ -4,6 +4,7 @@ litter after a failure, the parent directory created and ``os.replace``, the cou
 as they were."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -22,15 +23,31 @@ def files_in(directory) -> list[str]:
     return sorted(p.name for p in Path(directory).iterdir())
 
 
+@contextlib.contextmanager
+def working_directory(directory):
+    """Inside the block the current directory is ``directory`` (contextlib.chdir needs Python 3.11)."""
+    before = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 # --- the full state ----------------------------------------------------------------------------
+
+
+NO_SCALER = "hint: scaler may be None (a run without a GradScaler): its entry is None, there is no state to save"
 
 
 @check("save_checkpoint", objective="full_state")
 @names_the_rule("every entry of the contract, read with torch.load(path, weights_only=True): model (fp32 stays "
-                "fp32), optimizer, scaler, epoch, step, world_size, model_config, one entry per extra keyword")
+                "fp32), optimizer, scaler (None without one), epoch, step, world_size, model_config, one entry per "
+                "extra keyword")
 def save_checkpoint_writes_full_state(impl):
     """fp32 weights, optimizer, scaler, counters, world size, model config and the caller's extras, loadable
-    weights_only; entries beyond the contract are allowed."""
+    weights_only; entries beyond the contract are allowed. A save with scaler=None (the contract's example) works,
+    its scaler entry None (or {}, what a disabled GradScaler saves: no state either)."""
     scenario, stop_epoch, stop_step = RESUME_SCALER[0]
     objects, _ = trained(scenario, stop_epoch, stop_step)
     model, optimizer, scaler = objects.model, objects.optimizer, objects.scaler
@@ -41,6 +58,14 @@ def save_checkpoint_writes_full_state(impl):
         saved = expect_works("torch.load(checkpoint, weights_only=True)",
                              lambda: torch.load(path, map_location="cpu", weights_only=True),
                              "a dict of tensors, containers and plain values")
+        without_scaler = Path(tmp) / "without_scaler.pth"
+        expect_works("save_checkpoint(..., scaler=None) (a run without a GradScaler: the contract's example)",
+                     lambda: impl.save_checkpoint(without_scaler, model=model, optimizer=optimizer, scaler=None,
+                                                  epoch=stop_epoch, step=stop_step),
+                     "the checkpoint written, its scaler entry None", NO_SCALER)
+        scaler_entry = torch.load(without_scaler, map_location="cpu", weights_only=True).get("scaler", "missing")
+    if scaler_entry not in (None, {}):
+        fail("scaler entry of a checkpoint saved with scaler=None", scaler_entry, None, NO_SCALER)
     keys = ["epoch", "model", "model_config", "optimizer", "scaler", "step", "world_size", *extras]
     missing = sorted(set(keys) - set(saved))
     if missing:
@@ -280,12 +305,19 @@ def save_checkpoint_writes_next_to_the_target(impl):
 
 
 @check("save_checkpoint")
-@names_the_rule("create the parent directory; rename with os.replace, not os.rename (on Windows os.rename refuses "
-                "a target that exists)")
+@names_the_rule("create the parent directory (a bare file name's is the current one); rename with os.replace, not "
+                "os.rename (on Windows os.rename refuses a target that exists)")
 def save_checkpoint_creates_the_directory_and_uses_os_replace(impl):
-    """The parent directory is created; os.rename is not used: on Windows it refuses a target that exists, i.e.
-    every save after the first."""
+    """The parent directory is created, and a bare file name is saved in the current directory; os.rename is not
+    used: on Windows it refuses a target that exists, i.e. every save after the first."""
     objects, _ = trained(RESUME_BASE, 0, 2)
+    with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):
+        expect_works("save_checkpoint('resume.pth') (a bare file name: in the current directory)",
+                     lambda: save_objects(impl, "resume.pth", objects, 0, 2), "the checkpoint written there",
+                     "hint: a bare file name's directory is the current one: Path(path).parent is '.', "
+                     "os.path.dirname(path) is '', which os.makedirs refuses")
+        expect_equal("files in the current directory after save_checkpoint('resume.pth')", files_in("."),
+                     ["resume.pth"])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "new" / "run" / "resume.pth"
         with FileOperations() as spy:

@@ -45,6 +45,8 @@ def pending_cases(count: int):
     yield "a pending gradient on the last parameter only", set(), {count - 1: (0.5,)}, ANY_PARAMETER
     yield ("the embedding frozen and a pending gradient on a middle parameter only", {0}, {count // 2: (-2.0,)},
            ANY_PARAMETER)
+    yield ("a pending gradient whose entries sum to zero (+1, -1)", set(), {1: (1.0, -1.0)},
+           "look at every entry: a gradient with any non-zero entry is pending, also when its entries cancel")
 
 
 def expect_save_refused(impl, where: str, path, objects, hint: str) -> None:
@@ -62,8 +64,9 @@ def expect_save_refused(impl, where: str, path, objects, hint: str) -> None:
 @names_the_rule("save only at an update boundary: refuse when any parameter's gradient holds a non-zero value")
 def save_checkpoint_refuses_pending_gradients(impl):
     """Zero gradients (zero_grad(set_to_none=False)) are not pending: the save works. Mid-accumulation
-    (gradients of a backward, no optimizer step yet) the save is refused, writing nothing; so is one non-zero
-    gradient anywhere: on a parameter behind a frozen one (grad None), on the last parameter only."""
+    (gradients of a backward, no optimizer step yet) the save is refused, writing nothing, on rank 1 of 2 too;
+    so is one non-zero gradient anywhere: on a parameter behind a frozen one (grad None), on the last parameter
+    only, one whose entries cancel (+1, -1)."""
     objects, _ = trained(RESUME_BASE, 0, 2)
     model = objects.model
     input_ids, labels = full_epoch_batches(RESUME_BASE, 0)[2]
@@ -79,6 +82,9 @@ def save_checkpoint_refuses_pending_gradients(impl):
         expect_save_refused(impl, "pending gradients (a backward after the last update, no optimizer step yet)",
                             path, objects, "gradients accumulated since the last update are pending: a checkpoint "
                             "cannot carry them, so refuse to save (param.grad holds non-zero values)")
+        with fake_rank(1, 2):   # rank 0 refuses: a rank that returned instead would go on alone
+            expect_save_refused(impl, "pending gradients on rank 1 of 2", path, objects,
+                                "every rank refuses a pending gradient, rank 0 and the ranks that write nothing")
         for what, frozen, pending, hint in pending_cases(len(list(model.parameters()))):
             set_gradients(model, frozen, pending)
             if pending:

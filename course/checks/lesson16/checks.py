@@ -36,12 +36,15 @@ def count_hint(labels: torch.Tensor, got) -> str:
         return "hint: counted labels != -100 without the shift: position 0 is never a target (labels[..., 1:])"
     if got in (labels[..., 1:].numel(), labels.numel()):
         return "hint: counted masked targets too: a label of -100 (padding, prompt) is no target"
+    if got == int((labels[..., 1:] > 0).sum()):
+        return "hint: only -100 marks a non-target: a label 0 (token id 0) is a target too"
     return ""
 
 
 @check("count_loss_units", objective="loss_units")
 def count_loss_units_sees_the_shift(impl):
-    """Counts labels[..., 1:] != -100: position 0 is never a target, -100 anywhere never counts."""
+    """Counts labels[..., 1:] != -100: position 0 is never a target, -100 anywhere never counts, a label 0 (token id
+    0) counts."""
     cases = [
         ([[5, 6, -100, -100], [-100, 7, 8, 9]], 4),     # unshifted count would be 5
         ([[1, 2, 3, 4, 5]], 4),
@@ -50,6 +53,7 @@ def count_loss_units_sees_the_shift(impl):
         ([3, -100, 4, 5], 2),                            # a single sequence [seq]
         ([[9, 9, 9], [9, -100, -100], [9, 9, -100]], 3),
         ([[4, -100, 6, -100, 8, -100]], 2),              # masked every other position (unmasked prompt/answer)
+        ([[1, 0, 5, 0, -100]], 3),                       # token id 0 (the pad id) is a target like any other
     ]
     for labels, expected in cases:
         labels = torch.tensor(labels)

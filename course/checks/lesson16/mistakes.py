@@ -47,6 +47,11 @@ MISTAKES = [
         'return int((labels != IGNORE_INDEX).sum())',
         count_loss_units_sees_the_shift,
         rule='without the shift'),
+    mistake('counts_positive_ids', 'counts labels > 0 for labels != -100: a target holding token id 0 is lost',
+        "count_loss_units", 'return int((labels[..., 1:] != IGNORE_INDEX).sum())',
+        'return int((labels[..., 1:] > 0).sum())',
+        count_loss_units_sees_the_shift,
+        rule='a label 0 (token id 0) is a target too'),
     mistake('steps_on_micro_count_only', 'closes an update only every K micro-steps: force_update is ignored',
         "TrainingSession._train_step", 'closes_update = options.force_update or should_step_optimizer(',
         'closes_update = should_step_optimizer(',
@@ -86,6 +91,14 @@ MISTAKES = [
         'loss_sum = torch.tensor(output.loss_sum.item())',
         session_keeps_loss_sums_on_device,
         rule='no tensor -> host conversion'),
+    mistake('reads_the_scale_every_update', "reads the GradScaler's scale (get_scale(), an .item()) on each update's "
+        'first micro-step, to compare with at its end: from the second update on, a host sync on a micro-step that '
+        'does not close the update', "TrainingSession._train_step",
+        '        self._normalization_units = options.normalization_units\n',
+        '        self._normalization_units = options.normalization_units\n        if not self.microsteps_accumulated:\n'
+        '            self._scale_at_start = self.scaler.get_scale()\n',
+        session_keeps_loss_sums_on_device,
+        rule='get_scale() is an .item()'),
     mistake('syncs_every_microstep', 'never uses no_sync: DDP all-reduces on every micro-step',
         "TrainingSession._train_step",
         'sync_ctx = no_sync() if no_sync is not None and not closes_update else nullcontext()',
@@ -123,6 +136,12 @@ MISTAKES = [
         "TrainingSession._close_update", '        grad_norm = None\n',
         '        grad_norm = torch.zeros(())\n',
         session_reports_totals_only_when_an_update_closes),
+    mistake('abort_reports_the_totals', "an aborted update's report carries its loss totals like a closing one: a "
+        'driver that logs them logs an update that never happened', "TrainingSession._close_update",
+        '            return TrainingStepReport(False, self.optimizer_step, microsteps, aborted=True)\n',
+        '            return TrainingStepReport(False, self.optimizer_step, microsteps, loss_sum, loss_units, '
+        'aborted=True)\n',
+        session_reports_totals_only_when_an_update_closes),
     mistake('invalidates_only_on_step_fn_errors',
         'marks the accumulation invalid only when step_fn raises, not on errors in backward or the hooks',
         "TrainingSession.train_step", '        try:\n            return self._train_step(batch, options, step_fn)\n'
@@ -153,6 +172,21 @@ MISTAKES = [
         'TrainingSessionState(lr=self.optimizer.defaults["lr"]',
         session_state_round_trip_at_a_boundary,
         rule="not the optimizer's construction lr"),
+    mistake('state_updated_in_place', 'state() keeps one TrainingSessionState and refreshes it in place on every '
+        'call: a state taken at an update boundary changes when the session is asked again later',
+        "TrainingSession.state",
+        '        return TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], optimizer_step=self.optimizer_step,\n'
+        '                                    microsteps_accumulated=self.microsteps_accumulated,\n'
+        '                                    loss_sum=self._loss_sum, loss_units=self._loss_units,\n'
+        '                                    accumulation_valid=self.accumulation_valid)\n',
+        '        now = TrainingSessionState(lr=self.optimizer.param_groups[0]["lr"], optimizer_step=self.optimizer_step,\n'
+        '                                   microsteps_accumulated=self.microsteps_accumulated,\n'
+        '                                   loss_sum=self._loss_sum, loss_units=self._loss_units,\n'
+        '                                   accumulation_valid=self.accumulation_valid)\n'
+        '        self.__dict__.setdefault("_state", now).__dict__.update(vars(now))\n'
+        '        return self._state\n',
+        session_state_round_trip_at_a_boundary,
+        rule='state() returns a snapshot'),
     mistake('load_state_accepts_mid_update_state', 'load_state accepts a state saved inside an update',
         "TrainingSession.load_state", 'if state.microsteps_accumulated or self.microsteps_accumulated:',
         'if self.microsteps_accumulated:',

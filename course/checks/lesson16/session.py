@@ -303,9 +303,10 @@ def session_sets_lr_in_every_group(impl):
 
 @check("TrainingSession", objective="resume", hidden=True)
 def session_state_round_trip_at_a_boundary(impl):
-    """state() after an update reports its lr (the last options.lr) and optimizer_step; load_state of it on a
-    fresh session (two param groups, or one) restores both (the lr in every param group) and the next update
-    counts on from there; after load_state, state() reports what was loaded."""
+    """state() after an update reports its lr (the last options.lr) and optimizer_step, and keeps them while the
+    session trains on (a snapshot); load_state of it on a fresh session (two param groups, or one) restores both
+    (the lr in every param group) and the next update counts on from there; after load_state, state() reports
+    what was loaded."""
     batches = masked_micro_batches()[:2]
     saved_from = new_session(impl, 2, two_param_groups=True)
     run_update(saved_from, batches, lr=0.025)
@@ -315,6 +316,14 @@ def session_state_round_trip_at_a_boundary(impl):
         expect_equal("state().lr after one update at options.lr 0.025", boundary.lr, 0.025)
     with rule("state().optimizer_step is the number of optimizer steps taken"):
         expect_equal("state().optimizer_step after one update", boundary.optimizer_step, 1)
+    run_update(saved_from, batches, lr=0.0125)
+    later = saved_from.state()   # asked again, as a driver that logs or saves the state each update does
+    with rule("state() returns a snapshot: a state taken at an update boundary keeps its values while the session "
+              "trains on and is asked again (a new TrainingSessionState per call, never one updated in place)"):
+        expect_equal("(lr, optimizer_step) of the state taken after update 1, once the session took update 2 at "
+                     "lr 0.0125 and reported its state again", (boundary.lr, boundary.optimizer_step), (0.025, 1))
+        expect_equal("(lr, optimizer_step) of the state taken after update 2", (later.lr, later.optimizer_step),
+                     (0.0125, 2))
     for groups in (2, 1):
         restored = new_session(impl, 2, two_param_groups=groups == 2)
         restored.load_state(boundary)

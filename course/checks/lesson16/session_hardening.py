@@ -20,14 +20,21 @@ from .session import fail_an_update, gradient_norm, lrs, none_grads
 
 @check("TrainingSession")
 def session_reports_totals_only_when_an_update_closes(impl):
-    """A micro-step that does not close the update reports loss_sum None and loss_units 0; with clipping off
-    (clip_grad_norm 0) the closing report's grad_norm is None."""
+    """A micro-step that does not close the update reports loss_sum None and loss_units 0, and so does the one
+    whose before_update aborts it (its totals were dropped with its gradients); with clipping off (clip_grad_norm
+    0) the closing report's grad_norm is None."""
     batches = masked_micro_batches()
-    reports = run_update(new_session(impl, 4), batches)
+    session = new_session(impl, 4)
+    reports = run_update(session, batches)
     with rule("the totals belong to the report that closes the update: the others carry loss_sum None and "
               "loss_units 0 (TrainingStepReport's defaults)"):
         expect_equal("(loss_sum, loss_units) reported by the micro-steps inside the update",
                      [(r.loss_sum, r.loss_units) for r in reports[:-1]], [(None, 0)] * 3)
+    aborted = run_update(session, batches[:2], before_update=lambda: True)[-1]
+    with rule("an aborted update closes nothing: its report carries no totals (loss_sum None, loss_units 0, "
+              "grad_norm None), they were dropped with its gradients"):
+        expect_equal("(loss_sum, loss_units, grad_norm) reported by an update that before_update aborted",
+                     (aborted.loss_sum, aborted.loss_units, aborted.grad_norm), (None, 0, None))
     with rule("grad_norm is None when clipping is off (clip_grad_norm 0): no norm was computed"):
         expect_equal("grad_norm reported with clip_grad_norm=0", reports[-1].grad_norm, None)
 

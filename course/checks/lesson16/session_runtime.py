@@ -35,18 +35,27 @@ def overflowing(session, poisoned: bool = True):
 @check("TrainingSession", objective="on_device", hidden=True)
 def session_keeps_loss_sums_on_device(impl):
     """No tensor -> host conversion or copy (.item(), float(), bool(), .tolist(), .cpu(), .numpy()) on micro-steps
-    inside an update."""
-    session = new_session(impl, 4)
+    inside an update, of the first update and of the next, without a GradScaler and with an enabled one (whose
+    get_scale() is an .item() once its scale tensor exists, i.e. after the first micro-step)."""
     batches = masked_micro_batches()
     units = sum(b.loss_units for b in batches)
-    calls: list = []
-    with count_host_syncs(calls):
-        for batch in batches[:3]:
-            session.train_step(batch, TrainingStepOptions(normalization_units=units), token_weighted_step)
-    with rule("no tensor -> host conversion or copy (.item(), float(t), int(t), bool(t) / an if on a "
-              "tensor, .tolist(), .cpu(), .numpy()) on a micro-step that does not close the update: loss "
-              "totals stay device tensors"):
-        expect_equal("host syncs during 3 non-final micro-steps", calls, [])
+    host_sync_rule = ("no tensor -> host conversion or copy (.item(), float(t), int(t), bool(t) / an if on a "
+                      "tensor, .tolist(), .cpu(), .numpy()) on a micro-step that does not close the update: loss "
+                      "totals stay device tensors")
+    for what, scaler, scaler_rule in (
+            ("no GradScaler", None, ""),
+            ("an enabled GradScaler", torch.amp.GradScaler("cpu", init_scale=2.0 ** 10),
+             "; the GradScaler's scale lives on the device too: read it (get_scale() is an .item()) only when the "
+             "update closes")):
+        session = new_session(impl, 4, scaler=scaler)
+        for update in (1, 2):
+            calls: list = []
+            with count_host_syncs(calls):
+                for batch in batches[:3]:
+                    session.train_step(batch, TrainingStepOptions(normalization_units=units), token_weighted_step)
+            with rule(host_sync_rule + scaler_rule):
+                expect_equal(f"host syncs during the 3 non-final micro-steps of update {update} ({what})", calls, [])
+            session.train_step(batches[3], TrainingStepOptions(normalization_units=units), token_weighted_step)
 
 
 class SyncRecorder(torch.nn.Module):
