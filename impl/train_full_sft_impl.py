@@ -6,11 +6,13 @@ your assistant_labels -> your sft_epoch on your lesson-16 TrainingSession -> ful
     python impl/train_full_sft_impl.py --impl reference --preset minimind \
         --data_path ../minimind/dataset/sft_mini_512.jsonl --tokenizer_path ../minimind/model \
         --from_weight ../minimind/out/pretrain_768.pth                        # upstream's SFT run
+    python impl/train_full_sft_impl.py --impl reference --tensorboard out/runs_sft   # view: tensorboard --logdir out/runs_sft
     python -m course chat --weights out/full_sft_128.pth  # talk to the result
 
 It starts from the weights file the pretrain stage writes (``python impl/train_pretrain_impl.py --impl reference``)
 and mirrors upstream MiniMind's trainer/train_full_sft.py; before and after training it answers a few held-out
-questions, and at the end it scores every held-out answer. This file is glue, not an exercise.
+questions, and at the end it scores every held-out answer. This file is glue, not an exercise. Its MFU (the report
+card, --tensorboard) uses lesson 18's reference functions: the FLOPs of every non-padding position.
 """
 from __future__ import annotations
 
@@ -37,11 +39,14 @@ from course.minimind.sft import ADD_SYSTEM_RATIO, EMPTY_THINK_RATIO, read_state_
 from course.minimind.train_pretrain import build_tokenizer, build_training
 from course.minimind.trainer_utils import Logger
 from course.runs.threads import add_threads_argument, cpu_threads
-from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, advance, epoch_bar, out_file, plot_losses,
-                                      repo_relative, tokenizer_name, validation_loss, write_report)
+from course.experiments.step_timing import Peak, device_peak
+from course.trainers.pretrain import (RUN_PEAK_SECONDS, STORIES_TOKENIZER, TensorBoardLog, Throughput, advance,
+                                      epoch_bar, log_directory, out_file, plot_losses, repo_relative, tokenizer_name,
+                                      validation_loss, write_report)
 from course.trainers.sft import (STORIES_SFT_CORPUS, STORIES_SFT_HELDOUT, AssistantMaskedDataset, answer,
                                  answers_table, config_of, exact_answers, heldout_questions, last_question,
-                                 micro_batches, score_line, validation_batches)
+                                 micro_batches, position_flops, score_line, sft_mfu, sft_mfu_line,
+                                 validation_batches)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,6 +112,9 @@ def parse_args(argv=None):
                         help="write the loss curves, tokens/s, answers and score to this json file")
     parser.add_argument("--report", default=None, metavar="PATH",
                         help="the markdown report card (default: --out_dir's full_sft_<hidden_size>_report.md)")
+    parser.add_argument("--tensorboard", type=log_directory, default=None, metavar="DIR",
+                        help="write loss, lr, grad norm, validation loss, target tokens/s and MFU for TensorBoard "
+                             "into DIR (view them with: tensorboard --logdir DIR)")
     add_impl_arguments(parser, "sft.py and train_session.py")
     add_threads_argument(parser)
     parser.set_defaults(**PRESETS[preset.parse_known_args(argv)[0].preset])
@@ -151,7 +159,11 @@ class Stage:
     questions: list            # (history, reference answer) of every held-out answer
     metrics: dict
     started: float             # time.perf_counter() when the stage was built: the report card's wall time
+    peak: Peak                 # the MFU's: the GPU's datasheet bf16 peak, or this CPU's measured matmul peak
     throughput: Throughput = field(default_factory=Throughput)
+    flops: int = 0             # training FLOPs of the non-padding positions trained on so far (position_flops)
+    tensorboard: TensorBoardLog | None = None   # --tensorboard's scalars
+    logged: tuple = (0, 0.0, 0)   # (target tokens, seconds, FLOPs) at the last log line: its tokens/s and MFU
     update: int = 0
     shown_answers: dict = field(default_factory=dict)  # "before SFT" / "after SFT" -> the shown questions' answers
 
@@ -182,15 +194,20 @@ def train(args) -> int:
     sft = load_implementation("sft.py", args.impl, args.impl_dir)
     session_impl = load_implementation("train_session.py", args.impl, args.impl_dir)
     tokenizer = build_tokenizer(args)
+    stage = None
     try:
         stage = build_stage(args, sft, session_impl, tokenizer)
         Logger(describe(stage))
+        stage.tensorboard = TensorBoardLog(args.tensorboard) if args.tensorboard else None
         evaluate(stage, "before SFT")
         for epoch in range(args.epochs):
             train_epoch(stage, epoch)
+        evaluate(stage, "after SFT")
     except NotImplementedError as exc:
         return report_todo(exc, sft, session_impl)
-    evaluate(stage, "after SFT")
+    finally:
+        if stage is not None and stage.tensorboard:  # flushed and closed however the training ends
+            stage.tensorboard.close()
     matches = exact_answers([answer(stage.model, tokenizer, history, args.max_new_tokens, args.max_seq_len,
                                     args.device) for history, _ in stage.questions],
                             [reference for _, reference in stage.questions]) if stage.questions else None
@@ -238,9 +255,11 @@ def build_stage(args, sft: ModuleType, session_impl: ModuleType, tokenizer) -> S
                              f"{args.max_seq_len} tokens; nothing to validate on")
     metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
                "figure": str(out_file(args, "full_sft", "_loss.png"))}
+    # CPU runs are fp32 (build_training autocasts on CUDA only)
+    dtype = getattr(torch, args.dtype) if torch.device(args.device).type == "cuda" else torch.float32
     return Stage(args=args, sft=sft, tokenizer=tokenizer, model=model, session=session, autocast_ctx=autocast_ctx,
                  train_set=train_set, val_batches=val_batches, questions=questions, metrics=metrics,
-                 started=started)
+                 started=started, peak=device_peak(args.device, dtype, seconds=RUN_PEAK_SECONDS))
 
 
 def describe(stage: Stage) -> str:
@@ -263,6 +282,8 @@ def evaluate(stage: Stage, when: str | None) -> None:
         loss = validation_loss(stage.model, stage.val_batches, args.device, stage.autocast_ctx)
         metrics["val_loss"].append([stage.update, loss])
         tqdm.write(f"update {stage.update}: val_loss {loss:.4f}", file=sys.stdout)  # beneath an epoch's bar
+        if stage.tensorboard:
+            stage.tensorboard.validation(stage.update, loss)
     if when is None or not stage.questions:
         return
     stage.shown_answers[when] = []
@@ -290,17 +311,35 @@ def train_epoch(stage: Stage, epoch: int) -> None:
                                           clip_grad_norm=args.grad_clip)
             stage.throughput.stop()
             stage.throughput.tokens += sum(batch.loss_units for batch in window)
+            stage.flops += position_flops(stage.model.config, window, stage.tokenizer.pad_token_id)
             stage.update += 1
             advance(bar, stage.throughput, len(window))
             if report is not None:
                 stage.metrics["train_loss"].append([stage.update, float(report.loss_sum) / report.loss_units])
-            if update_in_epoch % args.log_interval == 0 or update_in_epoch == per_epoch:
+            log_line = update_in_epoch % args.log_interval == 0 or update_in_epoch == per_epoch
+            if stage.tensorboard:
+                log_to_tensorboard(stage, report, lr, log_line)
+            if log_line:
                 loss = f"{stage.metrics['train_loss'][-1][1]:.4f}" if report is not None else "- (no target)"
                 left = (time.time() - start) / update_in_epoch * (per_epoch - update_in_epoch) / 60
                 tqdm.write(f"Epoch:[{epoch + 1}/{args.epochs}]({update_in_epoch}/{per_epoch}), loss: {loss}, "
                            f"lr: {lr:.8f}, left_in_epoch: {left:.1f}min", file=sys.stdout)
             if stage.update % args.eval_interval == 0 and stage.update < args.epochs * per_epoch:
                 evaluate(stage, None)
+
+
+def log_to_tensorboard(stage: Stage, report, lr: float, log_line: bool) -> None:
+    """The update's loss, lr and pre-clip norm (an update without a target has none); at a log line, the target
+    tokens/s and the MFU since the previous one."""
+    if report is not None:
+        norm = float(report.grad_norm) if report.grad_norm is not None else None
+        stage.tensorboard.update(stage.update, stage.metrics["train_loss"][-1][1], lr, norm)
+    if log_line:
+        now = (stage.throughput.tokens, stage.throughput.seconds, stage.flops)
+        tokens, seconds, flops = (a - b for a, b in zip(now, stage.logged))
+        if tokens and seconds > 0:
+            stage.tensorboard.speed(stage.update, tokens / seconds, sft_mfu(flops, tokens, seconds, stage.peak))
+        stage.logged = now
 
 
 def finish(stage: Stage) -> None:
@@ -310,17 +349,20 @@ def finish(stage: Stage) -> None:
     weights = out_file(args, "full_sft", ".pth")
     save_weights_like_upstream(stage.model, weights)
     metrics["tokens_per_second"] = stage.throughput.per_second()
+    throughput = stage.throughput
+    metrics["mfu"] = sft_mfu(stage.flops, throughput.tokens, throughput.seconds, stage.peak)
     config = report_config(stage)
     plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]),
                 f"Supervised fine-tuning: {config['model']}\n{config['data']}, from {config['pretrained weights']}",
                 stage.tokenizer.vocab_size)
     report = Path(args.report) if args.report else out_file(args, "full_sft", "_report.md")
     score = [score_line(*metrics["exact_answers"])] if "exact_answers" in metrics else []
+    mfu = sft_mfu_line(stage.flops, throughput.tokens, throughput.seconds, stage.peak)
     answers = answers_table(stage.shown_questions, stage.shown_answers) if stage.questions else []
     write_report(report, config, metrics, time.perf_counter() - stage.started, answers,
-                 title="Supervised fine-tuning run", trained_in="sft_epoch", results=tuple(score))
-    Logger(f"{metrics['tokens_per_second']:,.0f} target tokens/s in sft_epoch; saved weights to {weights}; loss "
-           f"curves in {metrics['figure']}, report in {report}")
+                 title="Supervised fine-tuning run", trained_in="sft_epoch", results=(mfu, *score))
+    Logger(f"{metrics['tokens_per_second']:,.0f} target tokens/s in sft_epoch, MFU {metrics['mfu']:.2%}; saved "
+           f"weights to {weights}; loss curves in {metrics['figure']}, report in {report}")
     if args.metrics_json:
         Path(args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.metrics_json).write_text(json.dumps(metrics, indent=1))

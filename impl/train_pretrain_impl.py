@@ -1,16 +1,18 @@
-"""Stage assembly for lessons 14-15: dataset -> DataLoader -> model -> your train_one_epoch -> checkpoint.
+"""Stage assembly for lessons 14-15 and 18: dataset -> DataLoader -> model -> your train_one_epoch -> checkpoint.
 
     python impl/train_pretrain_impl.py                          # uses YOUR impl/train_loop.py
     python impl/train_pretrain_impl.py --impl reference         # learns the stories corpus (lesson 14 §8)
     python impl/train_pretrain_impl.py --impl reference --metrics_json out/metrics.json --eval_interval 20
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --stop_after 28   # lesson 15
     python impl/train_pretrain_impl.py --impl reference --save_interval 8 --resume out/pretrain_128_resume.pth
+    python impl/train_pretrain_impl.py --impl reference --tensorboard out/runs   # view: tensorboard --logdir out/runs
     python impl/train_pretrain_impl.py --impl reference --preset minimind --data_path ../minimind/dataset/pretrain_t2t_mini.jsonl \
         --tokenizer_path ../minimind/model                                   # upstream's pretrain run
     OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node 2 \
         impl/train_pretrain_impl.py --impl reference --preset tiny             # DDP: 2 processes (lesson 14 §8)
 
-This file is glue, not an exercise: it runs as soon as impl/train_loop.py is filled in.
+This file is glue, not an exercise: it runs as soon as impl/train_loop.py is filled in. Its MFU (the report card,
+--tensorboard) uses lesson 18's reference functions, so it needs nothing of impl/step_costs.py.
 """
 from __future__ import annotations
 
@@ -42,9 +44,10 @@ from course.runs.distributed import process_group
 from course.runs.threads import add_threads_argument, cpu_threads
 from course.runs.update_plan import UpdatePlan, window_error
 from course.trainers.ddp import check_ranks_agree, mean_over_ranks, sum_over_ranks, sync_only_when_closing
-from course.trainers.pretrain import (STORIES_TOKENIZER, Throughput, closed_updates, counted, epoch_bar,
-                                      evaluation_samples, generate, log_updates, out_file, plot_losses,
-                                      repo_relative, split, tokenizer_name, validation_loss, write_report)
+from course.trainers.pretrain import (STORIES_TOKENIZER, RunFlops, TensorBoardLog, Throughput, closed_updates,
+                                      counted, epoch_bar, evaluation_samples, generate, log_directory, log_steps,
+                                      log_updates, out_file, plot_losses, repo_relative, run_flops, split,
+                                      tokenizer_name, validation_loss, write_report)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by labs/data/make_pretrain_stories.py: templated stories and arithmetic, 3000 lines, 0.32 MB.
@@ -109,8 +112,11 @@ def parse_args(argv=None):
     parser.add_argument("--metrics_json", default=None, metavar="PATH",
                         help="write train/val loss curves, tokens/s and the samples to this json file")
     parser.add_argument("--report", default=None, metavar="PATH",
-                        help="the markdown report card (config, tokens/s, losses, figure, samples); "
+                        help="the markdown report card (config, tokens/s and MFU, losses, figure, samples); "
                              "default: --out_dir's pretrain_<hidden_size>_report.md")
+    parser.add_argument("--tensorboard", type=log_directory, default=None, metavar="DIR",
+                        help="write loss, lr, grad norm, validation loss, tokens/s and MFU for TensorBoard into "
+                             "DIR (view them with: tensorboard --logdir DIR)")
     parser.set_defaults(**PRESETS[preset.parse_known_args(argv)[0].preset])  # after every add_argument: they win
     args = parser.parse_args(argv)
     if args.preset == "minimind" and (args.data_path is None or args.tokenizer_path is None):
@@ -159,7 +165,9 @@ class Stage:
     plan: UpdatePlan
     metrics: dict
     started: float  # time.perf_counter() when the stage was built: the report card's wall time
+    flops: RunFlops | None  # FLOPs per token and peak: the MFU (rank 0)
     throughput: Throughput = field(default_factory=Throughput)
+    tensorboard: TensorBoardLog | None = None  # --tensorboard's scalars (rank 0)
     pending: list = field(default_factory=list)  # (loss, aux_loss) of an update still open when a segment ends
     trained: torch.nn.Module | None = None  # the model, or its DDP wrapper once the resume has loaded
     update: int = 0  # updates closed so far, over the whole run
@@ -214,6 +222,8 @@ def train(args) -> int:
         return refuse(stop_error)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)  # for resume checkpoints too, whoever's save_checkpoint runs
     stage.log(describe(stage))
+    if args.tensorboard and stage.is_main:
+        stage.tensorboard = TensorBoardLog(args.tensorboard)
     try:
         start_epoch, start_step = resume(stage) if args.resume is not None else (0, 0)
         stage.trained = wrap_for_ddp(stage)
@@ -230,6 +240,9 @@ def train(args) -> int:
         if args.resume is None:
             raise
         return refuse(exc)
+    finally:
+        if stage.tensorboard:  # flushed and closed however the training ends (a TODO, a refused resume)
+            stage.tensorboard.close()
     if not stage.val_batches:
         evaluate(stage)  # the final sample
     finish(stage)
@@ -252,12 +265,16 @@ def build_stage(args, train_loop: ModuleType, ckpt: ModuleType | None, tokenizer
     # r's micro-batch j holds every W-th sample of the single-process micro-batch j of size W * batch_size.
     sampler = DistributedSampler(dataset, shuffle=True, seed=42) if dist.is_initialized() else None
     iters = math.ceil((len(dataset) if sampler is None else len(sampler)) / args.batch_size)  # micro-steps per rank
-    metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "samples": [], "drawn_samples": [],
-               "figure": str(out_file(args, "pretrain", "_loss.png"))}
+    metrics = {"train_loss": [], "val_loss": [], "tokens_per_second": 0.0, "mfu": 0.0, "samples": [],
+               "drawn_samples": [], "figure": str(out_file(args, "pretrain", "_loss.png"))}
+    # every micro-batch is padded to max_seq_len; CPU runs are fp32 (build_training autocasts on CUDA only)
+    dtype = getattr(torch, args.dtype) if torch.device(args.device).type == "cuda" else torch.float32
+    processes = dist.get_world_size() if dist.is_initialized() else 1
+    flops = run_flops(model.config, args.max_seq_len, args.device, dtype, processes) if is_main_process() else None
     return Stage(args=args, train_loop=train_loop, ckpt=ckpt, tokenizer=tokenizer, model=model, optimizer=optimizer,
                  scaler=scaler, autocast_ctx=autocast_ctx, dataset=dataset, val_set=val_set, val_batches=val_batches,
                  sampler=sampler, plan=UpdatePlan(iters, args.accumulation_steps, args.epochs), metrics=metrics,
-                 started=started)
+                 started=started, flops=flops)
 
 
 def describe(stage: Stage) -> str:
@@ -310,9 +327,11 @@ def train_epoch(stage: Stage, epoch: int, skip: int) -> bool:
     stop_step = plan.stop_step(epoch, args.stop_after)
     evals = plan.eval_steps(epoch, args.eval_interval) if stage.val_batches else []
     saves = plan.save_steps(args.save_interval)
-    pauses = {plan.iters, *evals, *saves} | ({stop_step} if stop_step else set())
+    logs = log_steps(plan, args.log_interval) if args.tensorboard else set()  # tokens/s per log line
+    pauses = {plan.iters, *evals, *saves, *logs} | ({stop_step} if stop_step else set())
     start, begin = time.time(), skip
     for end in sorted(p for p in pauses if p > skip):
+        tokens, seconds = stage.throughput.tokens, stage.throughput.seconds
         records = train_segment(stage, itertools.islice(batches, end - begin), epoch, begin, end)
         if end in (plan.iters, stop_step):
             bar.close()
@@ -322,6 +341,8 @@ def train_epoch(stage: Stage, epoch: int, skip: int) -> bool:
             closed = mean_over_ranks(closed, args.device)
         stage.metrics["train_loss"] += [[stage.update + i, loss] for i, (_, loss, _) in enumerate(closed, start=1)]
         stage.update += len(closed)
+        if args.tensorboard:
+            log_to_tensorboard(stage, closed, stage.throughput.tokens - tokens, stage.throughput.seconds - seconds)
         if stage.is_main:
             log_updates(closed, plan, epoch, begin, args.log_interval, time.time() - start, end - skip)
         if end in evals or stage.val_batches and end == plan.iters and epoch == args.epochs - 1:
@@ -334,6 +355,18 @@ def train_epoch(stage: Stage, epoch: int, skip: int) -> bool:
             return True
         begin = end
     return False
+
+
+def log_to_tensorboard(stage: Stage, closed, tokens: int, seconds: float) -> None:
+    """The segment's closed updates (their mean loss, lr and pre-clip norm), and its tokens/s and MFU: the real
+    targets of every rank over rank 0's seconds in train_one_epoch."""
+    if stage.distributed:
+        tokens = round(sum_over_ranks([tokens], stage.args.device)[0])
+    if stage.tensorboard:
+        for update, (record, loss, _) in enumerate(closed, start=stage.update - len(closed) + 1):
+            stage.tensorboard.update(update, loss, record["lr"], record["grad_norm"])
+        if tokens and seconds > 0:
+            stage.tensorboard.speed(stage.update, tokens / seconds, stage.flops.mfu(tokens / seconds))
 
 
 def epoch_batches(stage: Stage, epoch: int, skip: int):
@@ -380,6 +413,8 @@ def evaluate(stage: Stage) -> None:
         loss = validation_loss(stage.model, stage.val_batches, args.device, stage.autocast_ctx)
         metrics["val_loss"].append([stage.update, loss])
         tqdm.write(f"update {stage.update}: val_loss {loss:.4f}", file=sys.stdout)
+        if stage.tensorboard:
+            stage.tensorboard.validation(stage.update, loss)
     sample = generate(stage.model, stage.tokenizer, args.prompt, args.max_new_tokens, args.max_seq_len, args.device)
     metrics["samples"].append([stage.update, sample])
     tqdm.write(f"update {stage.update} sample: {sample!r}", file=sys.stdout)
@@ -410,14 +445,16 @@ def finish(stage: Stage) -> None:
     if not stage.is_main:
         return
     metrics["tokens_per_second"] = throughput.per_second()
+    metrics["mfu"] = stage.flops.mfu(metrics["tokens_per_second"])
     config = report_config(stage)
     plot_losses(metrics["train_loss"], metrics["val_loss"], Path(metrics["figure"]),
                 f"Pretraining: {config['model']}\n{config['data']}: {config['samples']} samples",
                 stage.tokenizer.vocab_size)
     report = Path(stage.args.report) if stage.args.report else out_file(stage.args, "pretrain", "_report.md")
-    write_report(report, config, metrics, time.perf_counter() - stage.started, evaluation_samples(metrics))
-    Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch; loss curves in {metrics['figure']}, "
-           f"report in {report}")
+    write_report(report, config, metrics, time.perf_counter() - stage.started, evaluation_samples(metrics),
+                 results=(stage.flops.report_line(metrics["tokens_per_second"]),))
+    Logger(f"{throughput.per_second():,.0f} tokens/s in train_one_epoch, MFU {metrics['mfu']:.2%}; loss curves in "
+           f"{metrics['figure']}, report in {report}")
     if stage.args.metrics_json:
         Path(stage.args.metrics_json).parent.mkdir(parents=True, exist_ok=True)
         Path(stage.args.metrics_json).write_text(json.dumps(metrics, indent=1))

@@ -17,6 +17,7 @@ from stub_copies import untouched_impl
 
 import course.implementations
 from course.checks import get_lesson
+from course.checks.framework import expect_equal
 from course.cli import main
 from course.implementations import REFERENCE_DIR, REPO_ROOT, STUDENT_DIR
 
@@ -67,10 +68,16 @@ def test_impl_dir_grades_a_submission_with_a_mistake(tmp_path):
     assert statuses["should_step_optimizer"] == "FAIL" and statuses["cosine_lr"] == "PASS", statuses
     table = course_cli("check", "14", "--impl-dir", str(submission)).stdout
     assert "ACTUAL:   [3, 7]" in table and "EXPECTED: [4, 8]" in table, table
-    first_line = next(ln for ln in table.splitlines() if ln.startswith("      "))
-    assert first_line.strip().startswith(f"FAIL {mistake.caught_by}: "), (
-        f"the FAIL row should name the failing check\n  ACTUAL:   {first_line!r}\n"
+    lines = table.splitlines()
+    row = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["should_step_optimizer", "FAIL"])
+    block = [ln.strip() for ln in lines[row + 1:] if ln.startswith("      ")][:9]
+    assert block[0].startswith(f"FAIL {mistake.caught_by}: "), (
+        f"the FAIL row should name the failing check\n  ACTUAL:   {block[0]!r}\n"
         f"  EXPECTED: 'FAIL {mistake.caught_by}: ...'")
+    assert "stuck? python -m course hint 14 should_step_optimizer (the next of 4 hints)" in block, block
+    passed = lines[next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["cosine_lr", "PASS"]) + 1].strip()
+    expect_equal("the line under a passed exercise", passed,
+                 f"compare with the reference reasoning: python -m course answer 14 5.1 --impl-dir {submission}")
 
 
 def test_only_grades_the_named_exercises_and_runs_only_their_checks():

@@ -19,11 +19,12 @@ import pytest
 import torch
 from doc_runs import run_documented
 from stub_copies import untouched_impl
+from tensorboard_events import expect_float32_close, tensorboard_scalars
 
 from course.checks.framework import expect_equal
 from course.cli import main as course_main
 from course.implementations import REPO_ROOT, load_implementation, load_module
-from course.minimind import MiniMindConfig, MiniMindForCausalLM, SFTDataset, load_tokenizer
+from course.minimind import MiniMindConfig, MiniMindForCausalLM, SFTDataset, get_lr, load_tokenizer
 from course.minimind.sft import render_chat
 from course.trainers import chat as chat_module
 from course.trainers import pretrain
@@ -96,7 +97,8 @@ def short_run(tiny_inputs):
         patch.setattr(pretrain, "plot_losses", recording_plot_losses)   # the stage imports it when it loads
         started = time.perf_counter()
         run = run_stage(stage_argv(tiny_inputs, out_dir, "--impl", "reference", "--metrics_json",
-                                   str(out_dir / "m.json")), "test_sft_stage_short_run")
+                                   str(out_dir / "m.json"), "--tensorboard", str(out_dir / "tensorboard")),
+                        "test_sft_stage_short_run")
         run.seconds = time.perf_counter() - started
     run.out_dir, run.figures = out_dir, figures
     return run
@@ -130,6 +132,43 @@ def test_the_stage_writes_upstream_fp16_weights_report_and_curves(short_run):
     missing = [(u, v) for u, v in val if f"| {u} | " not in report or f" {v} |" not in report]
     assert not missing, f"report rows ACTUAL missing {missing}, EXPECTED every val loss of {val}:\n{report}"
     assert SCORE.search(report), f"report ACTUAL has no score line, EXPECTED one:\n{report}"
+
+
+def test_tensorboard_holds_each_update_the_evaluations_and_the_speed_per_log_line(short_run):
+    """3 updates, a log line after each (--log_interval 1): the update's loss (the metrics'), upstream's lr of the
+    update (get_lr over the 3 updates), a pre-clip norm, the validation losses, and target tokens/s and MFU per log
+    line; the run's MFU is also on the report card, against the peak named there."""
+    scalars = tensorboard_scalars(short_run.out_dir / "tensorboard")
+    metrics = json.loads((short_run.out_dir / "m.json").read_text())
+    expect_float32_close("train/loss", scalars["train/loss"], metrics["train_loss"])
+    expect_float32_close("train/lr", scalars["train/lr"], [(u, get_lr(u - 1, 3, 3e-3)) for u in (1, 2, 3)])
+    expect_equal("train/grad_norm updates", [u for u, norm in scalars["train/grad_norm"] if norm > 0], [1, 2, 3])
+    expect_float32_close("val/loss", scalars["val/loss"], metrics["val_loss"])
+    for tag in ("perf/tokens_per_second", "perf/mfu"):
+        expect_equal(f"{tag} updates", [u for u, value in scalars[tag] if value > 0], [1, 2, 3])
+    report = (short_run.out_dir / "full_sft_32_report.md").read_text(encoding="utf-8")
+    mfu = re.search(r"^MFU ([\d.]+)%: ([\d,]+) training FLOPs of the non-padding positions .* in ([\d.]+) s of "
+                    r"sft_epoch, against ([\d,.]+) GFLOP/s \(measured: .+\)$", report, re.M)
+    assert mfu, f"report ACTUAL has no MFU line, EXPECTED one:\n{report}"
+    percent, flops, seconds, peak = (float(v.replace(",", "")) for v in mfu.groups())
+    expected = 100 * flops / seconds / (peak * 1e9)
+    printed_digits = 0.005 + (0.0005 / seconds + 0.05 / peak) * expected * 1.01   # 2 decimals; 3; 1
+    assert abs(percent - expected) <= printed_digits, (
+        f"MFU ACTUAL {percent}%, EXPECTED {expected:.3f}% = {flops:,.0f} FLOPs / {seconds} s / {peak} GFLOP/s "
+        f"(to the printed digits, {printed_digits:.3f})")
+    assert abs(100 * metrics["mfu"] - percent) <= 0.005, (metrics["mfu"], percent)
+
+
+def test_position_flops_are_flopcountermodes_per_position_times_the_real_positions():
+    """A micro-batch of 2 rows of 6 positions, 3 of them padding: FlopCounterMode's training count of the real
+    model on the whole batch, per position, times the 9 real positions."""
+    from course.runs.step_costs import counted_flops, measured_model
+    from course.trainers.sft import position_flops
+    config = MiniMindConfig(hidden_size=16, num_hidden_layers=1, vocab_size=64)
+    input_ids = torch.tensor([[1, 5, 6, 7, 8, 2], [1, 9, 2, 0, 0, 0]])
+    _, training = counted_flops(measured_model(config), input_ids, input_ids.clone())
+    batch = SimpleNamespace(input_ids=input_ids)
+    expect_equal("position_flops", position_flops(config, [batch, batch], pad_token_id=0), 2 * training / 12 * 9)
 
 
 def printed_lines(run) -> list[str]:

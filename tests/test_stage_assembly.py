@@ -1,6 +1,7 @@
 """The stage assembly's learning view (impl/train_pretrain_impl.py): train/validation split, val loss every
 --eval_interval updates, the train loss averaged over each update's micro-batches, --metrics_json, the loss-curve
-PNG, greedy samples, and the built-in stories corpus. Short runs on a slice of the corpus with a high lr."""
+PNG, greedy samples, the report card's tokens/s and MFU, --tensorboard's event files (read back with TensorBoard's
+own reader), and the built-in stories corpus. Short runs on a slice of the corpus with a high lr."""
 from __future__ import annotations
 
 import ast
@@ -18,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from doc_runs import run_documented
+from tensorboard_events import expect_float32_close, tensorboard_scalars
 
 from course.checks.framework import expect_equal
 from course.implementations import REPO_ROOT, load_implementation, load_module
@@ -42,7 +44,11 @@ def short_run_argv(tmp_path, data_path):
             "--max_seq_len", "48", "--epochs", "1", "--batch_size", "8", "--accumulation_steps", "3", "--learning_rate", "1e-2",
             "--val_fraction", "0.1", "--eval_interval", "4", "--eval_batches", "2", "--max_new_tokens", "12",
             "--prompt", PROMPT, "--out_dir", str(tmp_path / "out"), "--metrics_json", str(tmp_path / "m.json"),
-            "--log_interval", "5"]
+            "--log_interval", "5", "--tensorboard", str(tmp_path / "tensorboard")]
+# Where that run's tokens/s and MFU go in TensorBoard: each stretch of train_one_epoch ends at a logged update
+# (closing micro-steps 3, 6, ..., 21 and the tail 23; logged when one crosses a multiple of --log_interval 5 or
+# ends the epoch: micro-steps 6, 12, 15, 21, 23 = updates 2, 4, 5, 7, 8) or at an evaluation (updates 4, 8).
+SPEED_UPDATES = [2, 4, 5, 7, 8]
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +58,28 @@ def short_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("stage")
     stage = load_module(STAGE_PATH, "test_stage_assembly_stage")
     reference = load_implementation("train_loop.py", "reference")
-    captured, figures = [], []
+    captured, figures, segments = [], [], []
 
-    def recording_train_one_epoch(*args, **kwargs):
-        records = reference.train_one_epoch(*args, **kwargs)
+    def recording_train_one_epoch(model, loader, *args, **kwargs):
+        targets = []   # the real targets of each micro-batch, counted here, not by the stage
+
+        def counting(batches):
+            for batch in batches:
+                targets.append(int((batch[1][:, 1:] != -100).sum()))
+                yield batch
+        records = reference.train_one_epoch(model, counting(loader), *args, **kwargs)
         captured.extend(records)
+        segments.append({"targets": sum(targets)})
         return records
+
+    def recording_train_segment(stage_object, *args):
+        throughput = stage_object.throughput
+        tokens, seconds = throughput.tokens, throughput.seconds
+        records = real_train_segment(stage_object, *args)
+        segments[-1].update(tokens=throughput.tokens - tokens, seconds=throughput.seconds - seconds,
+                            update=stage_object.update + sum(r["update_closed"] for r in records))
+        return records
+    real_train_segment = stage.train_segment
 
     def recording_plot_losses(*args, **kwargs):
         figures.append(plot_losses(*args, **kwargs))
@@ -68,17 +90,19 @@ def short_run(tmp_path_factory):
         patch.setattr(stage, "load_implementation",
                       lambda name, impl, impl_dir: SimpleNamespace(train_one_epoch=recording_train_one_epoch))
         patch.setattr(stage, "plot_losses", recording_plot_losses)
+        patch.setattr(stage, "train_segment", recording_train_segment)
         started = time.perf_counter()
         assert stage.main(short_run_argv(tmp_path, corpus_slice(tmp_path, 200))) == 0
         seconds = time.perf_counter() - started
     metrics = json.loads((tmp_path / "m.json").read_text())
-    return SimpleNamespace(metrics=metrics, records=captured, out=out.getvalue(), figures=figures, seconds=seconds)
+    return SimpleNamespace(metrics=metrics, records=captured, out=out.getvalue(), figures=figures, seconds=seconds,
+                           segments=segments, tensorboard=tmp_path / "tensorboard")
 
 
 def test_metrics_json_schema(short_run):
     metrics = short_run.metrics
     expect_equal("metrics_json keys", sorted(metrics),
-                 ["drawn_samples", "figure", "samples", "tokens_per_second", "train_loss", "val_loss"])
+                 ["drawn_samples", "figure", "mfu", "samples", "tokens_per_second", "train_loss", "val_loss"])
     expect_equal("train_loss updates (8 updates: 7 full + a tail flush)", [u for u, _ in metrics["train_loss"]],
                  list(range(1, 9)))
     expect_equal("val_loss updates (start, every 4 updates, the end)", [u for u, _ in metrics["val_loss"]], [0, 4, 8])
@@ -141,6 +165,77 @@ def test_report_card_holds_config_losses_figure_and_samples(short_run):
     assert not missing, f"report lacks\n  ACTUAL: {missing}\n  EXPECTED: none missing; report:\n{report}"
     for update, text in short_run.metrics["samples"] + short_run.metrics["drawn_samples"]:
         assert f"`{text}`" in report, (update, text, report)
+
+
+def test_tensorboard_holds_every_update_and_every_evaluation(short_run):
+    """train/loss, lr and grad norm at each of the 8 updates (lr and pre-clip norm from the closing micro-step's
+    record of train_one_epoch), val/loss at each evaluation."""
+    scalars = tensorboard_scalars(short_run.tensorboard)
+    expect_equal("tags", sorted(scalars), sorted(["train/loss", "train/lr", "train/grad_norm", "val/loss",
+                                                  "perf/tokens_per_second", "perf/mfu"]))
+    closing = [r for r in short_run.records if r["update_closed"]]
+    expect_float32_close("train/loss", scalars["train/loss"], short_run.metrics["train_loss"])
+    expect_float32_close("train/lr", scalars["train/lr"], [(u, r["lr"]) for u, r in enumerate(closing, start=1)])
+    expect_float32_close("train/grad_norm", scalars["train/grad_norm"],
+                         [(u, r["grad_norm"]) for u, r in enumerate(closing, start=1)])
+    expect_float32_close("val/loss", scalars["val/loss"], short_run.metrics["val_loss"])
+
+
+def test_tensorboard_speed_is_the_tokens_of_each_stretch_over_its_seconds(short_run):
+    """One tokens/s and MFU point per stretch of train_one_epoch (ending at a log line or an evaluation): the real
+    targets of its micro-batches (counted here as train_one_epoch fetched them) over the seconds the stage timed
+    around the call; MFU / tokens/s is the run's FLOPs per token over the peak, the same at every point and in
+    the metrics."""
+    scalars = tensorboard_scalars(short_run.tensorboard)
+    segments = short_run.segments
+    expect_equal("updates ending a stretch of train_one_epoch", [s["update"] for s in segments], SPEED_UPDATES)
+    expect_equal("tokens the stage counted per stretch (ACTUAL) vs targets of its micro-batches (EXPECTED)",
+                 [s["tokens"] for s in segments], [s["targets"] for s in segments])
+    expect_float32_close("perf/tokens_per_second", scalars["perf/tokens_per_second"],
+                         [(s["update"], s["tokens"] / s["seconds"]) for s in segments])
+    run_ratio = short_run.metrics["mfu"] / short_run.metrics["tokens_per_second"]
+    expect_float32_close("perf/mfu", scalars["perf/mfu"],
+                         [(step, rate * run_ratio) for step, rate in scalars["perf/tokens_per_second"]])
+
+
+MFU_LINE = re.compile(r"^MFU ([\d.]+)%: ([\d,]+) training FLOPs per token \(lesson 18's flops_per_token at max_seq_len "
+                      r"48\) x ([\d,]+) tokens/s, against ([\d,.]+) GFLOP/s \(measured: .+ on cpu, \d+ thread\(s\)\)$",
+                      re.M)
+
+
+def test_report_card_shows_the_mfu_of_the_flops_torch_counts(short_run):
+    """The card's FLOPs per token are what FlopCounterMode counts for a training step of this model (hidden 32, 1
+    layer, 699 tokens) at max_seq_len 48, per position; its MFU is those FLOPs x the card's tokens/s over its
+    peak (to the printed digits), and is the metrics' mfu."""
+    from course.minimind import MiniMindConfig
+    from course.runs.step_costs import counted_flops, measured_model, random_batch
+    report = Path(short_run.out.split("report in ")[1].splitlines()[0]).read_text(encoding="utf-8")
+    line = MFU_LINE.search(report)
+    assert line, f"report lacks the MFU line (ACTUAL report below), EXPECTED one matching {MFU_LINE.pattern}\n{report}"
+    mfu_percent, flops, rate, peak = (float(v.replace(",", "")) for v in line.groups())
+    config = MiniMindConfig(hidden_size=32, num_hidden_layers=1, vocab_size=699)
+    _, training = counted_flops(measured_model(config), *random_batch(config, 1, 48))
+    expect_equal("training FLOPs per token: ACTUAL the card's, EXPECTED FlopCounterMode's / 48 positions",
+                 flops, training / 48)
+    expect_equal("tokens/s: ACTUAL the MFU line's, EXPECTED the card's wall-time line's",
+                 f"{rate:,.0f}", re.search(r"; ([\d,]+) tokens/s in train_one_epoch", report)[1])
+    expected = 100 * flops * rate / (peak * 1e9)
+    assert abs(mfu_percent - expected) <= 0.005 + 1e-3 * expected, (
+        f"MFU ACTUAL {mfu_percent}%, EXPECTED {expected:.4f}% = {flops:,.0f} x {rate:,.0f} / {peak} GFLOP/s (the "
+        f"printed digits: 0.005 points + 0.1 %)")
+    assert abs(100 * short_run.metrics["mfu"] - mfu_percent) <= 0.005, (short_run.metrics["mfu"], mfu_percent)
+    assert peak > 1, f"peak ACTUAL {peak} GFLOP/s, EXPECTED a measured matmul peak above 1 GFLOP/s"
+
+
+def test_tensorboard_refuses_a_file_and_names_the_argument(tmp_path, capsys):
+    stage = load_module(STAGE_PATH, "test_stage_assembly_tensorboard_file")
+    taken = tmp_path / "taken"
+    taken.write_text("not a directory", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        stage.parse_args(["--tensorboard", str(taken)])
+    err = capsys.readouterr().err
+    expect_equal("exit code", exit_info.value.code, 2)
+    assert f"error: argument --tensorboard: {taken}: a file is there, not a directory" in err, err
 
 
 def test_log_lines_are_printed_beneath_the_progress_bar(short_run):

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from course.checks.framework import expect_equal, expect_tensors_close
+from tensorboard_events import expect_float32_close, tensorboard_scalars
 from course.implementations import REPO_ROOT, load_module
 from course.minimind import IGNORE_INDEX, TINY_CORPUS, PretrainDataset
 
@@ -94,7 +95,7 @@ def runs(tmp_path_factory):
     resume_file = ddp_out / "pretrain_32_resume.pth"
     ddp_checkpoint = torch.load(resume_file, weights_only=True)
     finished = torchrun(tmp_path, "--resume", str(resume_file), "--out_dir", str(ddp_out),
-                        "--metrics_json", str(ddp_out / "resumed.json"))
+                        "--metrics_json", str(ddp_out / "resumed.json"), "--tensorboard", str(tmp_path / "tb"))
     stage = load_module(STAGE_PATH, "test_stage_assembly_ddp_stage")
     code, single = single_process(stage, "--batch_size", str(PER_RANK_BATCH * WORLD_SIZE), "--out_dir",
                                   str(single_out), "--metrics_json", str(single_out / "m.json"))
@@ -108,7 +109,7 @@ def runs(tmp_path_factory):
         single_metrics=json.loads((single_out / "m.json").read_text()),
         ddp_checkpoint=ddp_checkpoint, stdout=stopped + finished, resumed_code=resumed_code, resumed=resumed,
         calls={rank: (tmp_path / f"calls_rank{rank}").read_text().splitlines() for rank in range(WORLD_SIZE)},
-        ddp_out=ddp_out)
+        ddp_out=ddp_out, tensorboard=tmp_path / "tb")
 
 
 def test_premise_every_sample_has_the_same_number_of_targets():
@@ -171,3 +172,24 @@ def test_ddp_checkpoint_holds_the_unwrapped_model_and_resumes_in_one_process(run
     # 9 micro-steps of 2 x 4 samples = 18 micro-steps of 4 in one process (lesson 15's rescale)
     assert f"step {STOP_AFTER * WORLD_SIZE}/40" in runs.resumed, runs.resumed[-2000:]
     assert "the checkpoint was written by 2 processes, this run has 1" in runs.resumed, runs.resumed[-2000:]
+
+
+def test_tensorboard_is_written_by_rank_0_counting_both_ranks_tokens(runs):
+    """One event file (rank 0's); its train/loss is the metrics' (the mean over both ranks) from update 4 on. The
+    resumed run trains two stretches, ending at updates 7 and 14: micro-steps 10-20 of epoch 1 and 1-20 of epoch 2,
+    each of 2 ranks x 4 samples of 31 targets. Their seconds, tokens / tokens/s, must add up to the run's tokens/s
+    of the metrics (every rank's tokens over rank 0's time): rank 0's tokens alone would make it half of that."""
+    scalars = tensorboard_scalars(runs.tensorboard)
+    expect_float32_close("train/loss", scalars["train/loss"], runs.ddp_metrics["train_loss"])
+    per_micro_step = WORLD_SIZE * PER_RANK_BATCH * (MAX_SEQ_LEN - 1)
+    tokens = {7: 11 * per_micro_step, 14: 20 * per_micro_step}
+    expect_equal("updates of the tokens/s points", [step for step, _ in scalars["perf/tokens_per_second"]], [7, 14])
+    seconds = sum(tokens[step] / rate for step, rate in scalars["perf/tokens_per_second"])
+    run_rate = runs.ddp_metrics["tokens_per_second"]
+    assert abs(sum(tokens.values()) / seconds - run_rate) <= 1e-5 * run_rate, (
+        f"tokens/s ACTUAL {sum(tokens.values()) / seconds!r} from the TensorBoard points, EXPECTED the run's "
+        f"{run_rate!r} (relative 1e-5: float32 points); hint: half of it is rank 0's tokens alone")
+    ratios = [mfu / rate for (_, mfu), (_, rate) in zip(scalars["perf/mfu"], scalars["perf/tokens_per_second"])]
+    run_ratio = runs.ddp_metrics["mfu"] / run_rate
+    assert all(abs(r - run_ratio) <= 1e-6 * run_ratio for r in ratios), (
+        f"MFU / tokens/s ACTUAL {ratios}, EXPECTED {run_ratio} at every point")

@@ -10,6 +10,11 @@
 * ``accumulation`` - correct accumulations that the test-writing exercises test (lessons 14 and 16)
 * ``update_plan`` - ``UpdatePlan``: which micro-step closes which update, the eval, save and stop points
   (the stage assembly, lessons 14-15)
+* ``step_costs`` - what a training step costs, measured on the real model: FlopCounterMode's FLOPs, the bytes
+  autograd saves for backward, the training state's nbytes (lesson 18; imported as ``course.runs.step_costs``)
+* ``fake_device`` - ``FakeDevice``: a fake clock and asynchronous device, what a GPU does to a timer (lesson 18)
+* ``peak_flops`` - ``PEAK_FLOPS``: known accelerators' dense bf16 peaks with their datasheet sources (lesson 18)
+* ``rope_check`` - recent upstream's per-forward RoPE check reproduced, for lesson 18's "fix upstream" extension
 
 Nothing here grades: comparisons and verdicts belong to ``course.checks``.
 """

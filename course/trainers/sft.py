@@ -14,7 +14,9 @@ from course.input_errors import InputError
 from course.minimind import MiniMindConfig, MiniMindForCausalLM
 from course.minimind.dataset import JsonlRecords
 from course.minimind.sft import SFTDataset, padded_prompt_ids, parse_conversations, read_state_dict, render_chat
+from course.experiments.step_timing import Peak
 from course.protocol.text import TextBatch, shifted_target_count
+from course.reference import step_costs as lesson18
 from course.trainers.pretrain import decode, generate_ids
 
 # The built-in chat corpus and its scoring rule (labs/data/make_sft_stories.py writes both files).
@@ -79,6 +81,27 @@ def micro_batches(dataset, order: list[int], batch_size: int, length_pool: int =
             short = [batches.pop()] if len(batches[-1]) < batch_size else []   # only the epoch's last run
             batches = [batches[i] for i in torch.randperm(len(batches)).tolist()] + short
         yield from map(text_batch, batches)
+
+
+def position_flops(config: MiniMindConfig, batches, pad_token_id: int) -> int:
+    """The training FLOPs of the micro-batches' non-padding positions, the prompts' too (the answers' targets need
+    them), each at its micro-batch's length (lesson 18's reference flops_per_token): what an SFT MFU counts."""
+    return sum(int((batch.input_ids != pad_token_id).sum())
+               * lesson18.flops_per_token(config, batch.input_ids.shape[1], training=True) for batch in batches)
+
+
+def sft_mfu(flops: int, tokens: int, seconds: float, peak: Peak) -> float:
+    """The MFU of ``flops`` (position_flops) spent on ``tokens`` target tokens in ``seconds``: lesson 18's mfu of the
+    FLOPs per target token at the target tokens/s."""
+    return lesson18.mfu(flops / tokens, tokens / seconds, peak.flops_per_second) if tokens and seconds > 0 else 0.0
+
+
+def sft_mfu_line(flops: int, tokens: int, seconds: float, peak: Peak) -> str:
+    """The SFT report card's MFU line."""
+    return (f"MFU {sft_mfu(flops, tokens, seconds, peak):.2%}: {flops:,} training FLOPs of the non-padding positions "
+            f"(lesson 18's flops_per_token at each micro-batch's length; {flops / max(tokens, 1):,.0f} per target "
+            f"token) in {seconds:.3f} s of sft_epoch, against {peak.flops_per_second / 1e9:,.1f} GFLOP/s "
+            f"({peak.source})")
 
 
 def validation_batches(dataset, batch_size: int) -> list:
