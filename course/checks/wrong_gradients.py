@@ -4,7 +4,7 @@ starts from the correct accumulation and breaks the gradients where a weak compa
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -103,15 +103,15 @@ class OneGradientOff(GradientEdit):
                 f"too): {self.hint}")
 
 
-def per_large_gradient(make: Callable[[int], GradientEdit]) -> Iterator[GradientEdit]:
-    """``make(index)`` for each large gradient tensor of the model the student's test uses, made lazily: the
-    count is known once the test has called the first one."""
+def per_large_gradient(make: Callable[[int], GradientEdit], most: Optional[int] = None) -> Iterator[GradientEdit]:
+    """``make(index)`` for each large gradient tensor of the model the student's test uses (the first ``most`` of
+    them, when given), made lazily: the count is known once the test has called the first one."""
     index = 0
     while True:
         wrong = make(index)
         yield wrong
         index += 1
-        if wrong.tensors is None or index >= wrong.tensors:
+        if wrong.tensors is None or index >= min(wrong.tensors, most or wrong.tensors):
             return
 
 
@@ -121,16 +121,22 @@ def one_gradient_off(accumulate: Callable) -> Iterator[OneGradientOff]:
 
 
 def one_element_negated(accumulate: Callable) -> Iterator[GradientEdit]:
-    """One wrong implementation per large gradient tensor: one element of that tensor alone negated
-    (``_negate_one_element``), so that a test which compares every element of the small tensors but only some
-    of a large one (its first rows, a stride) lets it through."""
+    """One wrong implementation per large gradient tensor, the ONE_ELEMENT_TENSORS with the most elements: one
+    element of that tensor alone negated (``_negate_one_element``), so that a test which compares every element
+    of the small tensors but only some of a large one (its first rows, a stride) lets it through."""
+    def by_size(large):
+        return sorted(large, key=lambda item: -item[1].numel())
     return per_large_gradient(lambda index: GradientEdit(
         f"accumulate_one_element_negated[{index}]", accumulate,
-        lambda large: _negate_one_element(large[index:index + 1]),
+        lambda large: _negate_one_element(by_size(large)[index:index + 1]),
         "correct except that one element of the gradient of {parameters} (its last one holding >= 1 % of the "
         "tensor's largest value at an index no stride from 0 up to 16 reaches) is negated",
         "a test that compares some elements (the first rows, a stride, the largest values) cannot see the "
-        f"others: {ELEMENT_WISE}, every element"))
+        f"others: {ELEMENT_WISE}, every element"), most=ONE_ELEMENT_TENSORS)
+
+
+# the largest tensors hold the elements a partial comparison skips (the embedding's rows, a projection's)
+ONE_ELEMENT_TENSORS = 4
 
 
 def _negate_all(large):
