@@ -36,7 +36,7 @@ class ThroughputMeter:
     ``tokens_per_second()`` is the rate over the last ``window`` steps after the first ``warmup_steps``, None
     until a step after the warm-up has been taken. A step's time runs from the previous clock read (the meter's
     creation for the first step). ``clock()`` returns seconds; ``synchronize()`` (None: nothing to wait for, a
-    CPU) waits until the device has finished the work queued so far: call it before every clock read.
+    CPU) waits until the device has finished the work queued so far (§5.2 asks when the meter needs it).
     Example: warmup_steps=1, window=2, steps of (100 tokens, 2.0 s), (50, 1.0), (30, 0.5) -> None, 50.0, 53.33...
     """
 
