@@ -31,8 +31,8 @@ import warm_kernel
 import warm_python
 from doc_runs import run_documented
 
-from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_called, holds_work, nbgrader_invocation,
-                                       notebook_lessons, release_path, scored_cells, source_path)
+from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_called, generate_release, holds_work,
+                                       nbgrader_invocation, notebook_lessons, release_path, scored_cells, source_path)
 from course.checks.framework import PASS, expect_equal
 from course.checks.hints import notebook_cell
 from course.checks.results import grade_exercises
@@ -90,6 +90,7 @@ class Release:
     course_dir: Path
     returncode: int
     output: str
+    gradebook_untouched: bool   # notebooks/gradebook.db as before the rebuild of every notebook (or still absent)
 
 
 @pytest.fixture(scope="module")
@@ -98,15 +99,23 @@ def release(tmp_path_factory) -> Release:
     runs it once, by the venv's python called by path with nbgrader's helper programs off PATH, and its docs
     test reads the same run), copied into a test course directory with short limits for added cells."""
     root = tmp_path_factory.mktemp("course")
+    gradebook = _gradebook_bytes(NOTEBOOKS_DIR)
     proc = run_documented(RELEASE_COMMAND)
     config = (NOTEBOOKS_DIR / "nbgrader_config.py").read_text(encoding="utf-8")
     (root / "nbgrader_config.py").write_text(config + TEST_TIMEOUTS, encoding="utf-8")
     for folder in ("source", "release"):
         if (NOTEBOOKS_DIR / folder).is_dir():
             shutil.copytree(NOTEBOOKS_DIR / folder, root / folder)
-    if (NOTEBOOKS_DIR / "gradebook.db").is_file():   # the release registered each assignment there
-        shutil.copy2(NOTEBOOKS_DIR / "gradebook.db", root / "gradebook.db")
-    return Release(root, proc.returncode, proc.stdout + proc.stderr)
+    unchanged = _gradebook_bytes(NOTEBOOKS_DIR) == gradebook   # the rebuild of every notebook gives no lesson
+    if proc.returncode == 0:   # the test course gives every lesson: its gradebook registers them all
+        generate_release(EVERY_ASSIGNMENT, root)
+    return Release(root, proc.returncode, proc.stdout + proc.stderr, unchanged)
+
+
+def _gradebook_bytes(course_dir: Path) -> Optional[bytes]:
+    """A course's gradebook as it stands (None: it has none)."""
+    path = course_dir / "gradebook.db"
+    return path.read_bytes() if path.is_file() else None
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +132,13 @@ def read(path: Path):
 
 
 def test_release_works_with_an_unactivated_venv_python(release):
-    """``python -m course release`` with nbgrader's helper programs off PATH built every lesson."""
+    """``python -m course release`` with nbgrader's helper programs off PATH built every lesson, and registered
+    none in the gradebook: no lesson was given (``nbgrader export`` would list a 0 for each)."""
     assert release.returncode == 0, f"ACTUAL exit {release.returncode}, EXPECTED 0\n{release.output[-3000:]}"
     for lesson in ASSIGNMENT_NOTEBOOKS:
         assert release_path(lesson, release.course_dir).is_file(), release.output
+    assert release.gradebook_untouched, ("ACTUAL the rebuild wrote notebooks/gradebook.db, EXPECTED it untouched "
+                                         "(likely cause: generate_assignment without --no-db)")
 
 
 @pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
@@ -250,6 +262,7 @@ class GradingRound:
     course_dir: Path
     expected: dict          # lesson name -> student -> grade cell -> points the round must give
     failing: dict           # lesson name -> the grade cell the typical mistake fails
+    autograde_log: str      # what nbgrader autograde printed
 
 
 def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, str]:
@@ -284,10 +297,10 @@ def grading_round(course_dir, tmp_path_factory) -> GradingRound:
             path.parent.mkdir(parents=True)
             nbformat.write(nb, path)
     with warm_kernel.kernel_environment(tmp_path_factory.mktemp("kernels")) as kernels:
-        nbgrader(course_dir, "autograde", EVERY_ASSIGNMENT, kernels=kernels)
+        log = nbgrader(course_dir, "autograde", EVERY_ASSIGNMENT, kernels=kernels)
     nbgrader(course_dir, "generate_feedback", EVERY_ASSIGNMENT)
     nbgrader(course_dir, "export")
-    return GradingRound(course_dir, expected, failing)
+    return GradingRound(course_dir, expected, failing, log)
 
 
 def autograded(grading: GradingRound, student: str, lesson) -> Path:
@@ -342,6 +355,17 @@ def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, g
     assert exported == want, f"grades.csv totals\n  ACTUAL:   {exported}\n  EXPECTED: {want}"
 
 
+def test_autograde_warns_of_a_changed_checksum_for_the_hidden_cells_only(grading_round):
+    """The README's explanation of autograde's "Attribute 'checksum' for cell ... has changed!": it names exactly
+    the hidden grade cells (released without their hidden tests), of every lesson, and no other cell."""
+    import re
+    named = set(re.findall(r"Attribute 'checksum' for cell (\S+) has changed!", grading_round.autograde_log))
+    hidden = {grade_id for lesson in ASSIGNMENT_NOTEBOOKS for grade_id in grade_cells(read(source_path(
+        lesson, grading_round.course_dir))) if grade_id.startswith("hidden_")}
+    assert named == hidden, (f"cells autograde warned of\n  ACTUAL:   {sorted(named)}\n  EXPECTED: {sorted(hidden)} "
+                             "(the hidden grade cells)")
+
+
 def test_autograde_goes_on_past_unsolved_extensions_a_hang_and_a_crash(grading_round):
     """Lesson 14's flawed submission: its extensions, left as released, fail their check cells (and score
     nothing); its cell that hangs times out and its cell that raises fails, each on its own."""
@@ -379,10 +403,11 @@ def test_a_flawed_module_loses_exactly_the_cells_its_flaws_break(lesson):
 
 
 def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
-    """``python -m course grade-class`` on the round's lesson-14 submissions (the reference, the untouched release
-    and the flawed one with its hanging and raising cells), in a copy of the course whose gradebook forgot
-    autograde's results: the same score in every grade cell as ``nbgrader autograde`` gave; ``nbgrader
-    generate_feedback`` and ``nbgrader export`` then work on it unchanged."""
+    """``python -m course grade-class --every-cell`` on the round's lesson-14 submissions (the reference, the
+    untouched release and the flawed one with its hanging and raising cells), in a copy of the course whose
+    gradebook forgot autograde's results: the same score in every grade cell as ``nbgrader autograde`` gave, and
+    the same cells showing a figure or an error (what the feedback shows); ``nbgrader generate_feedback`` and
+    ``nbgrader export`` then work on it unchanged."""
     from nbgrader.api import Gradebook
 
     lesson = next(lesson for lesson in ASSIGNMENT_NOTEBOOKS if lesson.lesson_id == FLAWED_IN)
@@ -400,13 +425,19 @@ def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
         for student in students:
             gradebook.remove_submission(lesson.name, student)
     done = subprocess.run([sys.executable, "-m", "course", "grade-class", lesson.lesson_id, str(course / "submitted"),
-                           "--jobs", "2"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                           "--jobs", "2", "--every-cell"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert done.returncode == 0 and not done.stderr, (
         f"grade-class exited {done.returncode}:\n{done.stdout}{done.stderr}")
     ours = scores(course)
     assert ours == autograde, (f"scores per grade cell\n  ACTUAL (grade-class): {ours}\n  EXPECTED (autograde): "
                                f"{autograde}\nlikely cause: a cell grade-class skips or times out differently")
+    for student in students:   # --every-cell: the feedback has what autograde's has, figures and check cells
+        shown = {where: _shown(read(where / "autograded" / student / lesson.name / f"{lesson.name}.ipynb"))
+                 for where in (course, grading_round.course_dir)}
+        assert shown[course] == shown[grading_round.course_dir], (
+            f"{student}: cells showing a figure / an error\n  ACTUAL (grade-class): {shown[course]}\n  EXPECTED "
+            f"(autograde): {shown[grading_round.course_dir]}")
     nbgrader(course, "generate_feedback", lesson.name)
     nbgrader(course, "export")
     for student in students:
@@ -415,6 +446,13 @@ def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
         exported = {row["student_id"]: float(row["score"]) for row in csv.DictReader(handle)
                     if row["assignment"] == lesson.name and row["student_id"] in students}
     assert exported == {s: sum(cells.values()) for s, cells in autograde.items()}, exported
+
+
+def _shown(nb) -> tuple[list, list]:
+    """(cells showing a figure, cells showing an error) of an autograded notebook, by index."""
+    outputs = [c.get("outputs", []) for c in nb.cells]
+    return ([i for i, cell in enumerate(outputs) if any("image/png" in o.get("data", {}) for o in cell)],
+            [i for i, cell in enumerate(outputs) if any(o.output_type == "error" for o in cell)])
 
 
 def test_validate_tells_a_student_the_solved_notebook_passes(grading_round, tmp_path):

@@ -350,10 +350,10 @@ def notebook_lessons() -> list[Lesson]:
     return [lesson for _, lesson in sorted(LESSONS.items()) if lesson.files()["notebook"].is_file()]
 
 
-def generate_release(assignment: str, course_dir: Path = NOTEBOOKS_DIR) -> None:
+def generate_release(assignment: str, course_dir: Path = NOTEBOOKS_DIR, register: bool = True) -> None:
     """``nbgrader generate_assignment ASSIGNMENT`` (a lesson's name, or a glob of them) in ``course_dir`` (which
-    holds nbgrader_config.py)."""
-    proc = nbgrader(course_dir, "generate_assignment", assignment, "--force")
+    holds nbgrader_config.py); ``register``: the course's gradebook records it (else ``--no-db``: files only)."""
+    proc = nbgrader(course_dir, "generate_assignment", assignment, "--force", *([] if register else ["--no-db"]))
     if proc.returncode != 0:
         raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n"
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
@@ -372,9 +372,10 @@ def holds_work(notebook: Path) -> bool:
 
 def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]] = None,
                 overwrite_work: bool = False) -> list[Path]:
-    """Rebuild the source and the release of every (or the named) lesson notebook. A release that holds work
-    (``holds_work``: a student did the exercises in it) is refused before anything is written, unless
-    ``overwrite_work``."""
+    """Rebuild the source and the release of every (or the named) lesson notebook. The named lessons are the ones
+    given: the course's gradebook registers them (``nbgrader export`` lists only those); every notebook at once is
+    the course's own rebuild, registered nowhere. A release that holds work (``holds_work``: a student did the
+    exercises in it) is refused before anything is written, unless ``overwrite_work``."""
     if not (Path(course_dir) / "nbgrader_config.py").is_file():
         raise ValueError(f"course_dir {str(course_dir)!r} has no nbgrader_config.py (use notebooks/ or a copy)")
     lessons = [get_lesson(i) for i in lesson_ids] if lesson_ids else notebook_lessons()
@@ -387,11 +388,12 @@ def release_all(course_dir: Path = NOTEBOOKS_DIR, lesson_ids: Optional[list[str]
     for lesson in lessons:
         build_source(lesson, course_dir)
     sources = {folder.name for folder in (Path(course_dir) / "source").iterdir() if folder.is_dir()}
+    register = bool(lesson_ids)
     if sources == {lesson.name for lesson in lessons}:   # one nbgrader start (~3 s) for all: it globs the id
-        generate_release("*", course_dir)
+        generate_release("*", course_dir, register)
     else:
         for lesson in lessons:
-            generate_release(lesson.name, course_dir)
+            generate_release(lesson.name, course_dir, register)
     return [release_path(lesson, course_dir) for lesson in lessons]
 
 

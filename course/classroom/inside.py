@@ -20,8 +20,12 @@ from pathlib import Path
 from course.checks.framework import CORE, Lesson
 from course.checks.results import grade_exercises
 
+from .tampering import checkpoint
+
 SHOW_ONLY_PREFIXES = ("plot_", "check_")
 TIMEOUT_KEY = "grade_class_timeout"   # a cell's limit in seconds, in the metadata of the copy a grader runs
+HIDDEN_KEY = "grade_class_hidden"     # a cell whose source (hidden tests) the grader asks for when it runs it
+RUN_KEY = "grade_class_run"           # a show-only cell the instructor has run all the same (--every-cell)
 MAX_MESSAGE = 2000   # characters of a check's message kept in an answer
 
 
@@ -32,15 +36,18 @@ def grade_files(lesson: Lesson, folder: Path) -> dict:
         module = lesson.load("student", str(folder))
     except Exception as exc:   # a student file that does not even import: every check fails
         return {"import_error": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE], "checks": {}}
+    checkpoint("after its import", vars(module))   # tampering's tripwires (nothing outside a watched grader)
     results = [r for e in grade_exercises(lesson, module) if e.tier == CORE for r in e.checks]
     return {"checks": {r.check: {"status": r.status, "seconds": round(r.seconds, 3),
                                  "message": r.message[:MAX_MESSAGE]} for r in results}}
 
 
 def runs(cell: dict) -> bool:
-    """Whether the notebook route executes ``cell``: every code cell but the course's show-only cells."""
+    """Whether the notebook route executes ``cell``: every code cell but the course's show-only cells (unless
+    marked ``RUN_KEY``)."""
     meta = cell.get("metadata", {}).get("nbgrader", {})
     show_only = meta.get("locked") and not meta.get("grade") and meta.get("grade_id", "").startswith(SHOW_ONLY_PREFIXES)
+    show_only = show_only and not cell.get("metadata", {}).get(RUN_KEY)
     return cell["cell_type"] == "code" and not show_only
 
 
@@ -49,11 +56,12 @@ class CellTimeoutError(BaseException):
     KeyboardInterrupt nbgrader interrupts a kernel with: a check's ``except Exception`` does not swallow it."""
 
 
-def execute_notebook(notebook: dict) -> dict:
+def execute_notebook(notebook: dict, hidden_source=None) -> dict:
     """Run the code cells of ``notebook`` (nbformat 4 as a dict) in order: {"cells": [[outputs] or None (not
-    run) per cell], "seconds": [...]}. A cell's limit is its metadata's ``TIMEOUT_KEY`` (none where absent)."""
+    run) per cell], "seconds": [...], "cpu": [...]}. A cell's limit is its metadata's ``TIMEOUT_KEY`` (none where
+    absent); a cell marked ``HIDDEN_KEY`` runs the source ``hidden_source(index)`` gives just then."""
     shell = _shell()
-    outputs_of, seconds_of = [], []
+    outputs_of, seconds_of, cpu_of = [], [], []
 
     def stop(_signum, _frame):
         raise CellTimeoutError("the cell ran past its time limit")
@@ -63,23 +71,37 @@ def execute_notebook(notebook: dict) -> dict:
         if not runs(cell):
             outputs_of.append(None)
             seconds_of.append(0.0)
+            cpu_of.append(0.0)
             continue
+        source = "".join(cell["source"])
+        if cell.get("metadata", {}).get(HIDDEN_KEY):
+            source = hidden_source(count - 1) if hidden_source else None
         shell.outputs = outputs = []
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Stream(outputs, "stdout"), _Stream(outputs, "stderr")
         signal.setitimer(signal.ITIMER_REAL, cell.get("metadata", {}).get(TIMEOUT_KEY) or 0)
         try:
             shell.execution_count = count
-            shell.run_cell("".join(cell["source"]), store_history=False)
+            if source is None:
+                outputs.append(_error(LookupError, "the grader was not given this cell's hidden tests", []))
+            else:
+                result = shell.run_cell(source, store_history=False)
+                error = result.error_before_exec or result.error_in_exec
+                if error is not None and not any(o["output_type"] == "error" and o["ename"] == type(error).__name__
+                                                 for o in outputs):   # a custom exception handler showed no error
+                    outputs.append(_error(type(error), error, ["ERROR: An error occurred while showtraceback was "
+                                                               "disabled"]))   # nbgrader's Execute adds the same
         except CellTimeoutError as exc:   # raised between IPython's own handlers
             outputs.append(_error(type(exc), exc, [f"{type(exc).__name__}: {exc}"]))
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             sys.stdout, sys.stderr = saved
+        checkpoint(f"after cell {count}", shell.user_ns)   # tampering's tripwires (nothing outside a watched grader)
         outputs_of.append(outputs)
         seconds_of.append(round(time.perf_counter() - start, 3))
-    return {"cells": outputs_of, "seconds": seconds_of}
+        cpu_of.append(round(time.process_time() - cpu, 3))
+    return {"cells": outputs_of, "seconds": seconds_of, "cpu": cpu_of}
 
 
 def _error(etype, evalue, traceback: list[str]) -> dict:
@@ -135,7 +157,13 @@ def _shell():
         def _showtraceback(self, etype, evalue, stb):
             self.outputs.append(_error(etype, evalue, stb))
 
+        def enable_gui(self, gui=None):
+            """No event loop: figures are shown inline, as in a notebook."""
+
     InteractiveShell.clear_instance()   # the pool's warm-up ran the released notebook in a shell of its own
     shell = Shell.instance(config=Config({"HistoryManager": {"enabled": False}}), colors="nocolor")
     shell.outputs = []
+    from matplotlib_inline.backend_inline import configure_inline_support
+    configure_inline_support.current_backend = "unset"   # it gives only a process's first shell the figure formats
+    shell.enable_matplotlib("inline")   # plt.show() displays the figure (a display_data output), as ipykernel's does
     return shell
