@@ -1,4 +1,4 @@
-"""Lesson 18 exercises: where a training step's time and memory go. Author B, style class_based: small helper classes keep the FLOP and byte accounting and the meter's window.
+"""Lesson 18 exercises by author B, style class_based: helper classes keep the FLOP/byte ledgers and the window.
 
 The helpers: ``_Widths`` (the widths a config gives each layer), ``_MatmulLedger`` (multiply-adds of one token,
 weight products and attention products), ``_SavedLedger`` (the bytes autograd keeps, per token, per row of

@@ -1,4 +1,6 @@
-"""Lesson 18 exercises: where a training step's time and memory go. Author B, style defensive: every argument is validated first, with its own messages, TypeError for a wrong type and ValueError for a wrong value.
+"""Lesson 18 exercises by author B, style defensive: every argument validated first, with its own messages.
+
+A wrong type raises TypeError, a wrong value ValueError, each naming the argument.
 
 The arithmetic itself is closed-form: the widths of ``course/minimind/model.py`` for a config, the products
 FlopCounterMode counts, and the tensors autograd saves op by op (written down from ``saved_tensors_hooks``

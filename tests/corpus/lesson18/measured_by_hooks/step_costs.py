@@ -1,4 +1,7 @@
-"""Lesson 18 exercises: where a training step's time and memory go. Author B, style measured_by_hooks: counts come from the model's own modules and tensors (a module walk, a fake-tensor forward under saved_tensors_hooks, a real optimizer stepped on meta shadows), not from closed-form formulas.
+"""Lesson 18 exercises by author B, style measured_by_hooks: counts read off the model's own modules and tensors.
+
+A module walk, a fake-tensor forward under saved_tensors_hooks and a real optimizer stepped on meta shadows
+replace closed-form formulas:
 
 * ``flops_per_token`` builds the model on the meta device (no memory) and walks its modules: every
   ``nn.Linear`` is a product of its own fan-in and fan-out, every ``Attention`` two products over the sequence,
