@@ -57,13 +57,13 @@ def main(argv=None) -> dict:
           f"naive 1/(K n_k) = 1/{k * units[0]} vs 1/{k * units[-1]}")
 
     expected = flat(global_batch_gradients(batches)[0])
-    results = {"S_k / N": accumulate(batches, lambda s, n: s / n_total),
-               "mean_k / K": accumulate(batches, lambda s, n: s / n / k)}
+    results = {"token-weighted": accumulate(batches, lambda s, n: s / n_total),
+               "mean of means": accumulate(batches, lambda s, n: s / n / k)}
     print("accumulated gradient vs one backward of the global batch:")
     for name, grads in results.items():
         got = flat(grads)
         cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
-        print(f"{name:>12}: max |grad diff| = {float((got - expected).abs().max()):.3e}, cosine = {cosine:.6f}")
+        print(f"{name:>14}: max |grad diff| = {float((got - expected).abs().max()):.3e}, cosine = {cosine:.6f}")
     return {"sums": sums, "units": units, "global_loss": global_loss, "mean_of_means": mean_of_means}
 
 

@@ -35,7 +35,7 @@ class SFTSample:
     prompt: str                  # the chat template's text
     input_ids: list[int]         # its ids, cut to max_length and right-padded with the pad id
     labels: list[int]            # upstream's generate_labels: the ids inside assistant spans, -100 elsewhere
-    assistant_start: list[int]   # the ids of "<|im_start|>assistant\n": a span opens after them
+    assistant_start: list[int]   # the ids of "<|im_start|>assistant\n"
     end: list[int]               # the ids of "<|im_end|>\n": a span's last ids
 
 
