@@ -69,12 +69,18 @@ def test_no_cause_named_where_nothing_points_at_one():
 
 
 def test_host_copies_are_counted_but_a_move_to_the_training_device_is_not():
-    """.cpu() and .numpy() count on any tensor (graded on the CPU, they copy from an accelerator on a GPU); a .to()
-    that leaves a CPU tensor on the CPU (.to(device) of a batch) does not; each method is restored afterwards."""
+    """.cpu() and .numpy() count on any tensor that may live on the device (graded on the CPU, they copy from an
+    accelerator on a GPU); a .to() that leaves a CPU tensor on the CPU (.to(device) of a batch) does not, and
+    neither does a conversion of a tensor born on the host inside the block; each method is restored afterwards."""
     calls = []
+    loss = torch.tensor(2.0)   # made before the block: a loss the loop may hold on the device
     with count_host_syncs(calls):
-        loss = torch.tensor(2.0)
         loss.cpu(), loss.numpy(), loss.to("cpu"), loss.to(torch.float64), loss.item()
-    assert calls == ["cpu", "numpy", "item"], calls
+        float(loss * 2)                                   # computed from a device tensor: counts
+        born = torch.tensor(0.5, dtype=torch.float64)     # made on the host without a device
+        float(born), float(torch.cos(born)), born.item()  # waits for nothing: none counts
+        moved = born.to("cpu")                            # named a device: from here on it may live there
+        moved.item()
+    assert calls == ["cpu", "numpy", "item", "__float__", "item"], calls
     loss.cpu()
-    assert calls == ["cpu", "numpy", "item"], "the counter must stop counting when the block ends"
+    assert calls == ["cpu", "numpy", "item", "__float__", "item"], "the counter must stop counting when the block ends"

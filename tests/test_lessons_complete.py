@@ -142,7 +142,8 @@ def fill_skeleton(copy: Path) -> None:
     descriptor = in_copy(copy, "descriptor")
     descriptor.write_text(descriptor.read_text(encoding="utf-8").replace(
         '"TODO(author): a catalogued mistake that only a hidden check catches"', '"float_factor"'), encoding="utf-8")
-    for role in ("descriptor", "stub", "notebook", "lesson text (en)", "lesson text (zh)", "hints"):
+    for role in ("descriptor", "stub", "notebook", "lesson text (en)", "lesson text (zh)", "answers (en)",
+                 "answers (zh)", "notes (en)", "notes (zh)", "hints"):
         path = in_copy(copy, role)
         path.write_text(path.read_text(encoding="utf-8").replace(AUTHOR_TODO, "Return twice x"), encoding="utf-8")
     table = run_in(copy, "-m", "course", "syllabus").stdout.strip()

@@ -11,6 +11,7 @@ scale and anything computed from them count.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 
 import torch
@@ -20,8 +21,9 @@ from torch.utils._pytree import tree_leaves
 # .cpu() and .numpy() count wherever the tensor is: graded on the CPU they copy nothing, on a GPU they copy
 # to the host. A .to() counts only off an accelerator: .to(device) is how a batch reaches the training device.
 SYNC_METHODS = ("item", "tolist", "__float__", "__int__", "__bool__", "cpu", "numpy")
-# Methods whose result is on the device they name (a str or torch.device argument): never born on the host.
-MOVES = (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.pin_memory)
+# Methods whose result is on the device they name (a str or torch.device argument): never born on the host. By name:
+# while counting, torch hands the mode the counting wrapper of ``to`` (which keeps the name).
+MOVES = ("to", "cuda", "pin_memory")
 
 
 class HostBorn(TorchFunctionMode):
@@ -40,7 +42,7 @@ class HostBorn(TorchFunctionMode):
         result = func(*args, **kwargs)
         leaves = tree_leaves((args, kwargs))
         names_a_device = kwargs.get("device") is not None or (
-            func in MOVES and any(isinstance(a, (str, torch.device)) for a in leaves))
+            getattr(func, "__name__", None) in MOVES and any(isinstance(a, (str, torch.device)) for a in leaves))
         host_born = not names_a_device and all(t in self for t in leaves if isinstance(t, torch.Tensor))
         for output in tree_leaves(result):
             if isinstance(output, torch.Tensor):
@@ -72,6 +74,7 @@ def count_host_syncs(counter: list):
                 converting.pop()
         return wrapper
 
+    @functools.wraps(saved["to"])
     def counting_to(self, *args, **kwargs):
         moved = saved["to"](self, *args, **kwargs)
         if moved.device.type == "cpu" and self.device.type != "cpu":
