@@ -186,7 +186,8 @@ def sandbox_command(binary: str, command: list[str], scratch_mb: int) -> list[st
     # root: no user namespace (bwrap mounts as root), the command starts as root with CAP_SETUID and CAP_SETGID
     # only, and drops to SANDBOX_UID first thing; anyone else: a user namespace of their own uid, no capability
     args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
-    for path, how in _view():
+    view = _view()
+    for path, how in view:
         if how == "dir":
             args += ["--perms", "0755", "--dir", path]
         elif how == "ro":
@@ -195,8 +196,10 @@ def sandbox_command(binary: str, command: list[str], scratch_mb: int) -> list[st
             args += ["--symlink", os.readlink(path), path]
     size = str(scratch_mb << 20)
     args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", str(SHM),
-             "--perms", "1777", "--size", size, "--tmpfs", str(SCRATCH), "--symlink", str(SCRATCH), "/tmp",
-             "--chdir", str(SCRATCH), "--remount-ro", "/"]
+             "--perms", "1777", "--size", size, "--tmpfs", str(SCRATCH), "--chdir", str(SCRATCH)]
+    if not any(Path("/tmp") in Path(path).parents for path, _ in view):   # a checkout under /tmp keeps its parent
+        args += ["--symlink", str(SCRATCH), "/tmp"]
+    args += ["--remount-ro", "/"]
     for name, value in sandbox_environment().items():
         args += ["--setenv", name, value]
     if root:
@@ -283,6 +286,7 @@ class GraderCgroup:
         group = cls(version, dirs)
         try:
             for directory in set(dirs.values()):
+                _sweep(directory.parent)
                 directory.mkdir()
             group._set_limits(limits)
         except OSError as exc:
@@ -382,6 +386,17 @@ class GraderCgroup:
         for directory in dict.fromkeys(self.dirs.values()):
             try:
                 directory.rmdir()
+            except OSError:
+                pass
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the empty cgroups a killed run (SIGKILL: no cleanup) left: grade-class-PID-* of a PID now gone."""
+    for stale in parent.glob("grade-class-*-*"):
+        pid = stale.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                stale.rmdir()
             except OSError:
                 pass
 
