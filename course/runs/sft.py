@@ -36,7 +36,7 @@ class SFTSample:
     input_ids: list[int]         # its ids, cut to max_length and right-padded with the pad id
     labels: list[int]            # upstream's generate_labels: the ids inside assistant spans, -100 elsewhere
     assistant_start: list[int]   # the ids of "<|im_start|>assistant\n"
-    end: list[int]               # the ids of "<|im_end|>\n": a span's last ids
+    end: list[int]               # the ids of "<|im_end|>\n"
 
 
 def sft_sample(messages: list[dict], max_length: int, tokenizer=None, *, empty_think_removed: bool = False
