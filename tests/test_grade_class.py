@@ -205,8 +205,10 @@ class Host:
                 except OSError as exc:
                     print(f'ATTACK fork bomb: stopped after {count}: {type(exc).__name__}', file=sys.stderr)
             """),
-            "x-disk": "os.makedirs('/tmp/' + 'a/' * 200 + 'deep')\nos.mkdir('/tmp/locked')\nos.chmod('/tmp/locked', 0)\n"
-                      "attempt('disk', lambda: [open('/tmp/gc-fill', 'ab').write(b'x' * (64 << 20)) "
+            # the sandbox's temporary directory ($TMPDIR; /tmp is the same one unless the checkout lives under /tmp)
+            "x-disk": "tmp = os.environ['TMPDIR']\nos.makedirs(tmp + '/' + 'a/' * 200 + 'deep')\n"
+                      "os.mkdir(tmp + '/locked')\nos.chmod(tmp + '/locked', 0)\n"
+                      "attempt('disk', lambda: [open(tmp + '/gc-fill', 'ab').write(b'x' * (64 << 20)) "
                       "for _ in range(32)])",
             "a-busy": "for _ in range(16):\n    if os.fork() == 0:\n        os.setsid()\n        spin(15)\n"
                       "time.sleep(15)",
