@@ -87,20 +87,15 @@ def grade_lesson(lesson_id: str, impl: str, impl_dir: Optional[str], include_opt
             OPTIONAL: _tier_summary([e for e in exercises if e["tier"] == OPTIONAL])}
 
 
-def answer_section(exercise) -> str:
-    """The number of the lesson section an exercise's question is in ("14 §5.4" -> "5.4")."""
-    return exercise.section.split("§")[1]
-
-
 def next_step(lesson, exercise, status: str, impl_dir: Optional[str] = None) -> str:
     """What to do after a result: a passed exercise compares with the answer's reasoning (of the graded folder,
     ``impl_dir``, when not impl/), a failed one climbs the hint ladder; "" otherwise (TODO, not graded, or no
     answer written for the section)."""
     answers = lesson.files()["answers (en)"]
-    if status == PASS and answers.is_file() and answer_section(exercise) in section_numbers(answers):
+    if status == PASS and answers.is_file() and exercise.section_number in section_numbers(answers):
         where = f" --impl-dir {impl_dir}" if impl_dir else ""
         return (f"compare with the reference reasoning: python -m course answer {lesson.lesson_id} "
-                f"{answer_section(exercise)}{where}")
+                f"{exercise.section_number}{where}")
     if status not in (PASS, TODO, SKIP) and exercise.name in lesson.hints:
         return f"stuck? python -m course hint {lesson.lesson_id} {exercise.name} (the next of {len(hints.LEVELS)} hints)"
     return ""
@@ -259,7 +254,7 @@ def cmd_answer(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for exercise in lesson.exercises:
-        if answer_section(exercise) == args.section.lstrip("§") and untouched(module_path, exercise.name):
+        if exercise.section_number == args.section.lstrip("§") and untouched(module_path, exercise.name):
             print(f"note: {exercise.name} in {module_path.name} is still the untouched stub - the answer below is "
                   f"best read after your own attempt (python -m course hint {lesson.lesson_id} {exercise.name} "
                   f"if stuck)\n")

@@ -70,7 +70,7 @@ def test_the_notebook_points_to_the_hints_and_the_answer_under_each_exercise(les
         position = ids.index(f"hints-{exercise}")
         assert ids[position - 1] == exercise, f"the hints of {exercise} should follow its cell, not {ids[position - 1]}"
         text = nb.cells[position].source
-        section = lesson.exercise(exercise).section.split("§")[1]
+        section = lesson.exercise(exercise).section_number
         for command in (f"python -m course hint {lesson.lesson_id} {exercise}",
                         f"python -m course answer {lesson.lesson_id} {section}"):
             assert command in text, f"ACTUAL {text!r}\nEXPECTED it to name `{command}`"

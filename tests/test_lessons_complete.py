@@ -42,7 +42,7 @@ def test_every_exercise_section_is_a_heading_of_both_texts(lesson):
         headings = {m.group(1) for m in re.finditer(r"(?m)^#{2,4} (\d+(?:\.\d+)*)[. ]",
                                                     files[role].read_text(encoding="utf-8"))}
         for exercise in lesson.exercises:
-            number = exercise.section.split("§")[1]
+            number = exercise.section_number
             assert number in headings, f"{role}: no heading for {exercise.name}'s section §{number}"
 
 

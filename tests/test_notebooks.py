@@ -191,7 +191,7 @@ def test_release_holds_no_solution_and_no_hidden_test(lesson, course_dir):
     # Each exercise's hint cell names the hint and answer commands (neither stands in the notebook), and the
     # release holds no solution line.
     hint_cells = {c.id: c.source for c in release.cells if c.id.startswith("hints-")}
-    assert hint_cells == {f"hints-{name}": notebook_cell(lesson.lesson_id, name, lesson.exercise(name).section.split("§")[1])
+    assert hint_cells == {f"hints-{name}": notebook_cell(lesson.lesson_id, name, lesson.exercise(name).section_number)
                           for name in lesson.hints}, f"hint cells differ from the lesson's: {sorted(hint_cells)}"
     release_text = "\n".join(c.source for c in release.cells)
     # Every non-trivial line between the solution markers of the source is gone from the release.

@@ -327,7 +327,7 @@ def build_source(lesson: Lesson, course_dir: Path = NOTEBOOKS_DIR, reference_sou
         cell.id = name
         if name in lesson.hints:
             hint = nbformat.v4.new_markdown_cell(
-                notebook_cell(lesson.lesson_id, name, lesson.exercise(name).section.split("§")[1]))
+                notebook_cell(lesson.lesson_id, name, lesson.exercise(name).section_number))
             hint.id = f"hints-{name}"
             cells.append(hint)
         for needs, grade_id, source, points in [p for p in pending if p[0] <= seen]:

@@ -59,6 +59,11 @@ class Exercise:
     hidden_points: int = 0  # notebook points of its hidden grade cell (0: the exercise has no hidden checks)
     optional: bool = False  # an extension: graded only with ``check --all``, never in the exit code or the points
 
+    @property
+    def section_number(self) -> str:
+        """The number of the lesson section it is in ("14 §5.4" -> "5.4"): its answer's number too."""
+        return self.section.split("§")[1]
+
 
 CHECK_MARK = "course_check"   # the attribute ``check`` sets on a check function
 
