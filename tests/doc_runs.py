@@ -3,6 +3,7 @@ compared with its real output by course/doc_outputs.py (the tolerances and what 
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -17,13 +18,15 @@ from course.doc_outputs import mismatches
 
 ROOT = Path(__file__).resolve().parents[1]
 HINTS_FILE = Path(tempfile.mkdtemp(prefix="doc-runs-")) / "hints.json"
+atexit.register(shutil.rmtree, HINTS_FILE.parent, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)
 def run_documented(command: str) -> subprocess.CompletedProcess:
     """``command`` run from the repo root (once per session: tests share the run): a plain python command by
     tests/warm_python.py, anything else with ``bash -c``."""
-    env = dict(os.environ, MPLBACKEND="Agg", MINIMIND_COURSE_HINTS=str(HINTS_FILE))  # not the student's hints
+    env = dict(os.environ, MPLBACKEND="Agg", MINIMIND_COURSE_HINTS=str(HINTS_FILE),  # not the student's hints
+               TMPDIR=str(HINTS_FILE.parent))   # what torchrun and the labs leave there goes at exit
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     python = warm_python.python_args(command)
     if python is not None:   # started by path, as from an unactivated virtual environment (IDEs, cron, CI)

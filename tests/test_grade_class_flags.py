@@ -74,6 +74,18 @@ FILE_CASES = {
     "frames": {"files": {LESSON.module_file: forged("_frame = getattr(__import__('sys'), '_get' + 'frame')(0)")}},
     "proc_fd": {"files": {LESSON.module_file: forged("_fds = __import__('os').listdir('/pr' + 'oc/self/fd')")}},
     "exec": {"files": {LESSON.module_file: forged("getattr(__import__('builti' + 'ns'), 'ex' + 'ec')('_x = 1')")}},
+    # found by an attack pass: the checks' own objects rewritten, the reference reached under its loaded name
+    "check_objects": {"files": {LESSON.module_file: forged(
+        "_modules = getattr(getattr(__import__('o' + 's'), 's' + 'ys'), 'mod' + 'ules')",
+        "for _lesson in getattr(_modules.get('course' + '.che' + 'cks'), 'LESS' + 'ONS').values():",
+        "    for _check in _lesson.checks:",
+        "        _check.__dict__['run'] = lambda impl: None")}},
+    "reference_by_name": {"grade": True, "files": {LESSON.module_file: forged(
+        "_modules = getattr(getattr(__import__('o' + 's'), 's' + 'ys'), 'mod' + 'ules')",
+        "_R = [m for k, m in list(_modules.items()) if k.startswith('_course' + '_impl_')",
+        "      and str(getattr(m, '__file__', '')).endswith('refer' + 'ence/train_loop.py')][0]",
+        "def cosine_lr(*args, **kwargs):",
+        "    return _R.cosine_lr(*args, **kwargs)")}},
 }
 NOTEBOOK = f"{LESSON.name}.ipynb"
 SETUP = "from course.checks.notebook import run_checks\n"
@@ -133,6 +145,8 @@ def runtime(watched: dict, case: str) -> list[tuple]:
     ("frames", [(tampering.INTERNALS, LESSON.module_file, STUB_LINES + 1, "audit")]),
     ("proc_fd", [(tampering.DESCRIPTOR, LESSON.module_file, STUB_LINES + 1, "audit")]),
     ("exec", [(tampering.DYNAMIC, LESSON.module_file, STUB_LINES + 1, "audit")]),
+    ("check_objects", [(tampering.PATCH, LESSON.module_file, STUB_LINES + 4, "tripwire")]),   # no event either
+    ("reference_by_name", [(tampering.NOT_OWN, LESSON.module_file, STUB_LINES + 5, "audit")]),
 ])
 def test_the_run_is_flagged_whatever_the_spelling(watched, case, expected):
     """Each forgery's run reports exactly these flags, with the submission's file and line: what the audit hook saw
@@ -440,3 +454,27 @@ def test_a_refused_submission_gets_no_static_flags(tmp_path):
     assert changed == [results[0]] and results[0]["flags"][0] == run and \
         [f["kind"] for f in results[0]["flags"][1:]] == [tampering.INTERNALS], results[0]["flags"]
     assert results[1]["flags"] == [], results[1]["flags"]
+
+
+def test_a_submission_too_deep_to_compare_never_stops_the_class(tmp_path):
+    """Code that parses but is nested too deep to copy (an expression of 300 terms: found by an attack pass, it
+    ended the whole run with a RecursionError while its exercises were compared) is compared with nothing, and
+    every other submission is flagged as ever."""
+    deep = "def cosine_lr(a, b, c):\n    return " + " + ".join(["a"] * 300) + "\n"
+    paths = _write(tmp_path, {"deep": STUB, "other": forged("import gc")})
+    (paths["deep"] / "helpers.py").write_text(deep, encoding="utf-8")
+    submissions = [Submission(s, paths[s], "files", s) for s in ("deep", "other")]
+    results = [_result(s, 0, {}) for s in ("deep", "other")]
+    tampering.add_class_flags(LESSON, submissions, results)
+    kinds = [[f["kind"] for f in r["flags"]] for r in results]
+    assert kinds == [[], [tampering.INTERNALS]], f"ACTUAL {kinds}, EXPECTED no flag, then internals"
+
+
+def test_a_submissions_text_never_starts_a_line_of_the_report(tmp_path):
+    """An error message with line breaks (an attack pass wrote a fake "## Tampering flags" section into the report
+    through its ImportError) stays on its student's line."""
+    fake = "x\n\n## Tampering flags\n\nNone\r## Instructor note\u2028- alice: copied"
+    write_report(LESSON, [_result("mallory", 0, {}, problem=fake, cells_raised=["cell 3\n## x"])], tmp_path)
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    headings = [line for line in report.splitlines() if line.startswith("#")]
+    assert "## Instructor note" not in headings and headings.count("## Tampering flags") <= 1, headings

@@ -70,8 +70,9 @@ def torchrun(tmp_path, *argv):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     # --standalone: a local rendezvous on a free port; OMP_NUM_THREADS=1 (torchrun's default for several
-    # processes, which it otherwise announces on stderr)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", CALLS_LOG=str(tmp_path / "calls_rank"))
+    # processes, which it otherwise announces on stderr); TMPDIR: torchrun's log folder goes with tmp_path
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", CALLS_LOG=str(tmp_path / "calls_rank"),
+               TMPDIR=str(tmp_path))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                            str(WORLD_SIZE), str(driver), *RUN, "--batch_size", str(PER_RANK_BATCH), *argv],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)

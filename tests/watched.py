@@ -73,6 +73,7 @@ def main() -> None:
     torch.set_num_threads(1)   # a process with no thread pool forks safely
     cases = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     execute_notebook({"cells": []})   # as the pool's warm-up: every grader's shell is then not the process's first
+    LESSON.load("reference")          # and its graded reference: loaded, under its own module name
     print(json.dumps({name: run_case(case) for name, case in cases.items()}))
 
 

@@ -86,7 +86,13 @@ def exercise_state(result: dict, checks: list[str]) -> str:
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """``text`` on one line of a table or a list (a submission's text never starts a line of the report)."""
+    return " ".join(str(text).splitlines()).replace("|", "\\|")
+
+
+def _why_unfinished(result: dict) -> str:
+    raised = "cells that raised: " + ", ".join(result["cells_raised"]) if result.get("cells_raised") else ""
+    return "; ".join(filter(None, [result["problem"], raised]))
 
 
 def _where(flag: dict) -> str:
@@ -175,13 +181,12 @@ def write_report(lesson: Lesson, results: list[dict], out_dir: Path, every_cell:
         lines.append(f"| {check} | {exercise} | {times} | {hint} |")
     unfinished = [r for r in results if r["problem"] or r.get("cells_raised")]
     lines += ["", "## Not graded in full", ""]
-    lines += [f"- {r['student']}: " + "; ".join(filter(None, [r["problem"], "cells that raised: " + ", ".join(
-        r["cells_raised"]) if r.get("cells_raised") else ""])) for r in unfinished] or [
+    lines += [f"- {_cell(r['student'])}: {_cell(_why_unfinished(r))}" for r in unfinished] or [
         "None: every submission ran to its end and no cell raised."]
     noisy = [r["student"] for r in results if r["wrote_stderr"]]
     lines += ["", f"Wrote to stderr (shown in each result's JSON, never graded): {', '.join(noisy) or 'none'}.", ""]
     lines += ["## Slowest submissions", "", "| student | seconds | peak memory (MiB) | points |", "|---|---|---|---|"]
-    lines += [f"| {r['student']} | {r['seconds']:.1f} | {r['max_rss_mb']:.0f} | {r['points']:g} |"
+    lines += [f"| {_cell(r['student'])} | {r['seconds']:.1f} | {r['max_rss_mb']:.0f} | {r['points']:g} |"
               for r in sorted(results, key=lambda r: -r["seconds"])[:TOP]]
     sandboxes = sorted({str(r["sandbox"]) for r in results if r.get("sandbox")})
     lines += [""] + [f"Sandbox: {sandbox}." for sandbox in sandboxes]

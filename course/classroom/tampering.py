@@ -51,6 +51,7 @@ NOT_OWN = "not-own-code"          # an exercise that is the reference's (or the 
 SAME_AS_REFERENCE = "identical-to-reference"
 SAME_AS_STUDENT = "identical-to-student"
 SILENCED = "silenced"             # an answer without the grader's closing message
+UNSCANNED = "unscanned"           # a source the static scan could not read through (nested too deep)
 
 GRADER_MODULES = ("course.checks", "course.classroom", "course.reference")
 GRADER_DIRS = tuple(REPO_ROOT / "course" / part for part in ("checks", "classroom", "reference"))
@@ -276,8 +277,11 @@ class _Scan:
         dotted = _dotted(node)
         if node.attr in INTERNAL_ATTRIBUTES:
             self.add(INTERNALS, node, f"uses {dotted or '....' + node.attr}")
-        elif dotted in ("sys.modules", "sys.meta_path", "sys.path_hooks", "sys.audit"):
-            self.add(INTERNALS, node, f"uses {dotted}")
+        elif dotted in ("sys.modules", "sys.meta_path", "sys.path_hooks", "sys.audit") or dotted.endswith(
+                (".sys.modules", ".sys.meta_path")) or node.attr == "sys" and self._module_of(node.value):
+            self.add(INTERNALS, node, f"uses {dotted or '....' + node.attr}")
+        elif node.attr == "LESSONS":
+            self.add(GRADER, node, f"uses {dotted or '....' + node.attr}, the grader's lessons")
         elif node.attr in NOTEBOOK_ATTRIBUTES and (self.notebook or "get_ipython" in ast.dump(node.value)):
             self.add(NOTEBOOK_HOOK, node, f"uses the notebook shell's {node.attr}")
 
@@ -295,6 +299,8 @@ class _Scan:
             self.add(DYNAMIC, node, f"calls {function}()")
         elif function in ("setattr", "delattr") and node.args and self._module_of(node.args[0]):
             self.add(PATCH, node, f"calls {function}() on the module {self._module_of(node.args[0])}")
+        elif function in ("object.__setattr__", "object.__delattr__", "type.__setattr__"):
+            self.add(PATCH, node, f"calls {function}(), which writes past a frozen object's guard")
         elif function == "open" and node.args and _is_number(node.args[0]):
             self.add(DESCRIPTOR, node, f"opens descriptor {node.args[0].value}")
         elif base == "os" and name == "_exit":
@@ -320,24 +326,28 @@ class _Scan:
         elif isinstance(target, ast.Subscript):
             container = _dotted(target.value)
             call = _dotted(target.value.func) if isinstance(target.value, ast.Call) else ""
-            if container in ("sys.modules", "builtins.__dict__") or container.endswith(".__dict__") and \
-                    self._module_of(target.value.value) or call == "vars" and target.value.args and \
-                    self._module_of(target.value.args[0]):
-                self.add(PATCH, statement, f"writes an item of {container or call + '(...)'}")
+            if container in ("sys.modules", "builtins.__dict__") or container.endswith(".__dict__") or \
+                    isinstance(target.value, ast.Attribute) and target.value.attr == "__dict__" or \
+                    call == "vars" and target.value.args:
+                self.add(PATCH, statement, f"writes an item of {container or call + '(...)' or '....__dict__'}")
 
     def _constant(self, node: ast.Constant) -> None:
         text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
         if any(path in text for path in SUSPECT_PATHS):
             self.add(DESCRIPTOR, node, f"names {text[:80]!r}")
-        elif any(name in text for name in GRADER_MODULES) or "course/checks" in text or "course/reference" in text:
+        elif any(name in text for name in GRADER_MODULES) or "course/checks" in text or "course/reference" in text \
+                or "_course_impl" in text or text == "LESSONS":
             self.add(GRADER, node, f"names {text[:80]!r}")
 
 
 def scan_source(source: str, file: str, notebook: bool = False, allowed: frozenset = frozenset()) -> list[dict]:
     """The static flags of one source (a module, or one notebook cell as Python); ``allowed``: imports the
-    course's notebook makes itself (``course_imports``)."""
+    course's notebook makes itself (``course_imports``). A source too deep to scan is flagged as that."""
     tree = _parse(source)
-    return _Scan(file, tree, notebook, frozenset(allowed)).run() if tree is not None else []
+    try:
+        return _Scan(file, tree, notebook, frozenset(allowed)).run() if tree is not None else []
+    except (RecursionError, MemoryError) as error:
+        return [flag(UNSCANNED, file, 0, f"could not be scanned ({type(error).__name__}): read it", "static")]
 
 
 def static_flags(path: Path, course_ids: Optional[set] = None, allowed: frozenset = frozenset()) -> list[dict]:
@@ -345,6 +355,14 @@ def static_flags(path: Path, course_ids: Optional[set] = None, allowed: frozense
     notebook = Path(path).is_file()
     return [f for label, source in submission_sources(path, course_ids)
             for f in scan_source(source, label, notebook, allowed)]
+
+
+def _static_flags_or_why(path: Path, course_ids: Optional[set], allowed: frozenset) -> list[dict]:
+    """``static_flags``, or one flag saying why a submission could not be scanned: never an error of the class."""
+    try:
+        return static_flags(path, course_ids, allowed)
+    except Exception as error:   # noqa: BLE001 - one submission's text never stops the class's flags
+        return [flag(UNSCANNED, "-", 0, f"could not be scanned ({type(error).__name__}): read it", "static")]
 
 
 # --- identical code -----------------------------------------------------------------------------------------
@@ -381,13 +399,13 @@ def exercise_fingerprints(sources: Iterable[tuple[str, str]], exercises: Iterabl
         tree = _parse(source)
         for node in tree.body if tree is not None else ():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in wanted:
-                if _is_stub(node):
-                    found.pop(node.name, None)
-                    continue
-                try:
+                try:   # code nested too deep to copy is compared with nothing (the static scan flags it)
+                    if _is_stub(node):
+                        found.pop(node.name, None)
+                        continue
                     code = _without_docstrings(node)
                     text = ast.dump(code, include_attributes=False)
-                except RecursionError:
+                except (RecursionError, MemoryError):
                     continue
                 found[node.name] = (hashlib.sha256(text.encode()).hexdigest(), sum(1 for _ in ast.walk(code)),
                                     label, node.lineno)
@@ -423,7 +441,10 @@ def identical_flags(lesson, submissions: dict[str, Path], course_ids: Optional[s
     same: dict[tuple, list[str]] = defaultdict(list)
     where = {}
     for student, path in submissions.items():
-        found = exercise_fingerprints(submission_sources(path, course_ids), names)
+        try:
+            found = exercise_fingerprints(submission_sources(path, course_ids), names)
+        except Exception:   # noqa: BLE001 - one submission's text never stops the class's flags
+            continue
         for name, (digest, nodes, label, line) in found.items():
             if digest in reference.get(name, ()) and nodes >= MIN_IDENTICAL_NODES:
                 flags[student].append(flag(SAME_AS_REFERENCE, label, line, f"{name} is the reference's, "
@@ -454,7 +475,7 @@ def add_class_flags(lesson, submissions: list, results: list[dict], source_noteb
     found = identical_flags(lesson, graded, course_ids)
     changed = []
     for submission, result in zip(submissions, results):
-        fresh = static_flags(submission.path, course_ids, allowed) + found.get(submission.student, []) \
+        fresh = _static_flags_or_why(submission.path, course_ids, allowed) + found.get(submission.student, []) \
             if submission.route else []
         kept = [f for f in result.get("flags") or [] if f.get("source") not in ("static", "compare")]
         if kept + fresh != result.get("flags"):
@@ -582,9 +603,11 @@ class AuditWatch:
         send = _sender(self.fd)
         before: dict = {}
         library_writes: set = set()   # (module, attribute) a library wrote itself (torch._dynamo: torch.manual_seed)
-        tripwire = _tripwire(student_of, send, before, _exercises_of(scratch), library_writes)
+        exercises = _exercises_of(scratch)
+        tripwire = _tripwire(student_of, send, before, exercises, library_writes)
         global _checkpoint
         _checkpoint = tripwire
+        _guard_reference(scratch, student_of, send)
         before.update(_snapshot())
         for module in list(sys.modules.values()):
             if type(module) is types.ModuleType:
@@ -788,6 +811,53 @@ def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited:
     return hook
 
 
+def _guard_reference(scratch: Path, student_of: Callable[[str], Optional[str]], send: Callable) -> None:
+    """Wrap the reference's exercises (its functions, the methods of its classes) in every loaded module of the
+    reference: one entered while the submission's own version of an exercise of the same lesson runs is flagged,
+    however the submission found it (``sys.modules`` under any name, a check's globals). A student's test is given
+    the reference on purpose, and a lesson's checks may hand an earlier lesson's reference to its exercises."""
+    from course.checks import LESSONS
+    notebooks = {p.stem for p in Path(scratch).glob("*.ipynb")}
+    graded = {lesson.module_file: frozenset(e.name for e in lesson.exercises) for lesson in LESSONS.values()
+              if (Path(scratch) / lesson.module_file).is_file() or lesson.name in notebooks}
+
+    def running_exercise(module_file: str) -> Optional[tuple[str, str, int]]:
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            head, label = code.co_qualname.split(".")[0], student_of(code.co_filename)
+            if label and head in graded[module_file] and not head.startswith("test_") and (
+                    label == module_file or not label.endswith(".py")):   # the file, or a notebook's cell
+                return head, label, frame.f_lineno
+            frame = frame.f_back
+        return None
+
+    def guard(function, label: str, module_file: str):
+        def guarded(*args, **kwargs):
+            caller = running_exercise(module_file)
+            if caller is not None:
+                send(_EVENT, NOT_OWN, caller[1], caller[2], f"{caller[0]} runs the reference's {label}", "audit",
+                     key=label)
+            return function(*args, **kwargs)
+        guarded.__name__, guarded.__qualname__, guarded.__doc__ = function.__name__, function.__qualname__, \
+            function.__doc__
+        return guarded
+
+    for module in list(sys.modules.values()):
+        path = str(getattr(module, "__file__", None) or "")
+        module_file = os.path.basename(path)
+        if not path.startswith(str(REFERENCE_DIR) + os.sep) or module_file not in graded:
+            continue
+        for name in graded[module_file] & set(vars(module)):
+            value = vars(module)[name]
+            if isinstance(value, types.FunctionType):
+                setattr(module, name, guard(value, name, module_file))
+            elif isinstance(value, type) and value.__module__ == module.__name__:
+                for key, member in list(vars(value).items()):
+                    if isinstance(member, types.FunctionType):
+                        setattr(value, key, guard(member, f"{name}.{key}", module_file))
+
+
 def _snapshot() -> dict:
     """What the tripwires compare: every module's attributes (the submission's are not loaded yet), the modules
     by name, the signal handlers."""
@@ -800,7 +870,52 @@ def _snapshot() -> dict:
         except (OSError, ValueError):
             continue
     return {"modules": modules, "critical": [name for name, (*_, critical) in modules.items() if critical],
-            "signals": handlers}
+            "signals": handlers, "objects": _grader_state(modules)}
+
+
+def _frozen(value) -> bool:
+    params = getattr(type(value), "__dataclass_params__", None)
+    return params is not None and params.frozen and not isinstance(value, type)
+
+
+def _grader_state(modules: dict) -> list[tuple[object, str, dict]]:
+    """(object, label, its attributes or items) of every frozen dataclass the course's modules reach (a lesson, its
+    checks, exercises, mistakes) and of each container of them: the grader never changes one, so a change is a
+    forgery that writes an object's ``__dict__`` (no audit event sees that)."""
+    state, seen = [], set()
+
+    def visit(value, label: str, depth: int) -> None:
+        if depth > 4 or id(value) in seen:
+            return
+        if _frozen(value):
+            seen.add(id(value))
+            attributes = dict(vars(value))
+            state.append((value, f"{type(value).__name__} {getattr(value, 'name', label)!r}", attributes))
+            for key, item in attributes.items():
+                visit(item, f"{label}.{key}", depth + 1)
+        elif isinstance(value, (list, tuple, dict)) and len(value) <= 10_000:
+            items = dict(value) if isinstance(value, dict) else dict(enumerate(value))
+            if any(_frozen(item) for item in items.values()):
+                seen.add(id(value))
+                if not isinstance(value, tuple):
+                    state.append((value, label, items))
+                for key, item in items.items():
+                    visit(item, f"{label}[{key!r}]", depth + 1)
+
+    for name, (module, attributes, critical) in modules.items():
+        if critical and name.startswith("course"):
+            for key, value in attributes.items():
+                visit(value, f"{name}.{key}", 0)
+    return state
+
+
+def _changed_parts(value, parts: dict) -> list[str]:
+    """The attributes (or items) of a snapshot object that are no longer the objects they were."""
+    try:
+        now = vars(value) if _frozen(value) else dict(value) if isinstance(value, dict) else dict(enumerate(value))
+    except TypeError:
+        return ["its contents"]
+    return sorted({str(key) for key in parts.keys() | now.keys() if now.get(key, _GONE) is not parts.get(key, _GONE)})
 
 
 def _tripwire(student_of: Callable[[str], Optional[str]], send: Callable, before: dict, exercises: frozenset,
@@ -828,6 +943,13 @@ def _tripwire(student_of: Callable[[str], Optional[str]], send: Callable, before
                 if new is not value and (critical and (name, key) not in library_writes
                                          or where_defined(new)[0] != "-"):
                     report(PATCH, f"{name}.{key} was replaced", None if new is _GONE else new, where)
+        changed = [(label, part, (vars(value) if _frozen(value) else {}).get(part))
+                   for value, label, parts in before.get("objects", ()) for part in _changed_parts(value, parts)]
+        if changed:   # one flag: a forgery rewrites every check at once
+            label, part, new = changed[0]
+            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            report(PATCH, f"the grader's objects were changed: {label}.{part}{more}", new if callable(new) else None,
+                   where)
         for number, handler in before.get("signals", {}).items():
             current = signal.getsignal(number)
             if current is not handler and callable(current) and where_defined(current)[0] != "-":

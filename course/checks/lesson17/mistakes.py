@@ -297,7 +297,8 @@ MISTAKES = [
 
 EQUIVALENTS = [
     equivalent("resumes_after_the_marker", "the next start is searched from the id after the marker, not after the "
-               "span: a start marker inside a span opens a span inside it, labelling nothing new", "_spans",
+               "span: with markers that cannot overlap (every real tokenizer's), a start marker inside a span "
+               "opens a span inside it, labelling nothing new", "_spans",
                "        spans.append((first, resume))", "        spans.append((first, resume))\n"
                "        resume = first"),
     equivalent("copies_every_tensor", "copy_ into every tensor of model.state_dict() is what load_state_dict does "
