@@ -37,6 +37,7 @@ from course.checks import get_lesson
 from course.checks.assignments import scored_cells
 from course.classroom import grade_class
 from course.classroom.confinement import probe, unavailable
+from course.classroom.inside import MUTED_NOTE
 from course.classroom.pool import FILES
 from course.classroom.simulate import ENDLESS_LOOP
 from course.cli import main
@@ -746,16 +747,16 @@ def test_notebooks_a_broken_one_costs_its_own_points_and_the_honest_keep_theirs(
 
 def test_notebooks_hidden_tests_never_reach_the_scratch_folder_nor_the_feedback(notebook_class):
     """A student cell that prints every text it can find that may hold a hidden test (the files beside the
-    notebook, gc's objects, linecache, the callers' frames) while its function runs inside the hidden grade cell
-    and in a later cell: no output of the autograded notebook, no result carries a hidden test's line; the
-    spool holds none after the run."""
+    notebook, gc's objects, linecache, the callers' frames) while its function runs inside a grade cell and in a
+    later cell: no output of the autograded notebook, no result carries a hidden test's line (what the student's
+    code prints inside the hidden grade cell is left out, with a note); the spool holds none after the run."""
     row = notebook_result(notebook_class, "n-leak")
     autograded = notebook_class.course / "autograded" / "n-leak" / LESSON.name / f"{LESSON.name}.ipynb"
     outputs = json.dumps([c.get("outputs", []) for c in json.loads(autograded.read_text())["cells"]])
     assert "LEAK later cell" in outputs and "LEAK grade cell" in outputs, "the leaking cells did not run"
     for line in notebook_class.hidden_lines:
         assert line not in outputs and line not in json.dumps(row), f"a hidden test's line reached feedback: {line!r}"
-    assert grade_class.HIDDEN_MARK in outputs, "the leak found no hidden test to print: it tried nothing"
+    assert MUTED_NOTE.strip() in outputs, "the hidden grade cell showed no note of the output left out"
     assert not (notebook_class.out / "spool").exists(), "a spool of sanitized notebooks was left in the results"
 
 

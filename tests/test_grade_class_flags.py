@@ -24,7 +24,7 @@ from course.checks.notebook import run_checks
 from course.classroom import tampering
 from course.classroom.grade_class import Submission, default_out_dir, file_route_result
 from course.classroom.confinement import Outcome
-from course.classroom.inside import RUN_KEY, runs
+from course.classroom.inside import HIDDEN_KEY, MUTED_NOTE, RUN_KEY, runs
 from course.classroom.report import ERROR, STOPPED, cells_that_raised, check_messages, exercise_state, write_report
 from course.classroom.simulate import own_names, roster, variants
 from course.implementations import REFERENCE_DIR, REPO_ROOT, module_from_source
@@ -111,11 +111,28 @@ def notebook_of(student_cells) -> str:
     return nbformat.writes(nbformat.v4.new_notebook(cells=[setup, *map(nbformat.v4.new_code_cell, cells)]))
 
 
+def with_hidden_cell(student_cell: str) -> str:
+    """``notebook_of(student_cell)`` and then a locked grade cell whose source (hidden tests) the grader is handed
+    when it runs it (``HIDDEN_SOURCE``), as grade-class's notebook route runs one."""
+    import nbformat
+    notebook = nbformat.reads(notebook_of(student_cell), as_version=4)
+    notebook.cells.append(nbformat.v4.new_code_cell("", metadata={
+        HIDDEN_KEY: True, "nbgrader": {"grade": True, "grade_id": "hidden_cosine_lr", "locked": True, "points": 1,
+                                       "solution": False}}))
+    return nbformat.writes(notebook)
+
+
+HIDDEN_SOURCE = "print('the checks ran')\ncosine_lr(1, 10, 0.5)\n"
+LEAK = "def cosine_lr(current_step, total_steps, base_lr):\n    print('a hidden test, encoded')\n    return base_lr\n"
+
+
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory) -> dict:
     cases = {f"files/{name}": {"route": "files", **case} for name, case in FILE_CASES.items()}
     cases |= {f"notebook/{name}": {"route": "notebook", "files": {NOTEBOOK: notebook_of(cell)}}
               for name, cell in NOTEBOOK_CELLS.items()}
+    cases["notebook/hidden_leak"] = {"route": "notebook", "files": {NOTEBOOK: with_hidden_cell(LEAK)},
+                                     "hidden": {"2": HIDDEN_SOURCE}}
     path = tmp_path_factory.mktemp("watched") / "cases.json"
     path.write_text(json.dumps(cases), encoding="utf-8")
     done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "watched.py"), str(path)], cwd=REPO_ROOT,
@@ -178,6 +195,15 @@ def test_a_notebook_run_is_flagged_in_the_students_cell(watched, case, expected)
     got = runtime(watched, f"notebook/{case}")
     assert got == sorted(expected), (f"{case}: runtime flags\n  ACTUAL:   {got}\n  EXPECTED: {sorted(expected)}\n"
                                      f"{watched[f'notebook/{case}']['flags']}")
+
+
+def test_a_hidden_cell_shows_nothing_the_students_code_prints(watched):
+    """What the student's code prints while a hidden test cell runs could be the tests themselves, encoded past any
+    filter (found by an attack pass): it is left out, with one note; what the cell's own code prints stays."""
+    [*_, hidden] = json.loads(watched["notebook/hidden_leak"]["answer"])["cells"]
+    texts = [o.get("text", "") for o in hidden]
+    assert "the checks ran\n" in texts[0] and not any("encoded" in text for text in texts) and \
+        any(text == MUTED_NOTE for text in texts), f"ACTUAL outputs of the hidden cell: {hidden}"
 
 
 def test_an_error_a_custom_handler_swallows_still_fails_its_cell(watched):

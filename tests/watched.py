@@ -1,7 +1,7 @@
 """Submissions run under tampering's ``AuditWatch`` the way a grader runs them, for tests/test_grade_class_flags.py.
 
 ``python tests/watched.py CASES.json`` reads ``{case: {"route": "files" | "notebook", "files": {name: text},
-"grade": bool}}`` and prints ``{case: {"flags": [...], "answer": ..., "shown": [per notebook cell, each output's
+"grade": bool, "hidden": {cell index: source}}}`` and prints ``{case: {"flags": [...], "answer": ..., "shown": [per notebook cell, each output's
 type and MIME types, or its error's name]}}``. One process (torch and the lesson imported
 once) forks a keeper-like parent and a grader-like child per case, as ``course.classroom.confinement`` does, without
 the sandbox: the child installs the watch in its scratch directory, loads the module (``grade``: and runs the
@@ -28,7 +28,8 @@ LESSON = get_lesson("14")
 def _work(case: dict, scratch: Path) -> dict:
     if case["route"] == "notebook":
         [notebook] = scratch.glob("*.ipynb")
-        return execute_notebook(json.loads(notebook.read_text(encoding="utf-8")))
+        hidden = case.get("hidden", {})   # cell index -> the hidden tests' source, as a keeper hands them over
+        return execute_notebook(json.loads(notebook.read_text(encoding="utf-8")), lambda index: hidden[str(index)])
     if case.get("grade"):
         return grade_files(LESSON, scratch)
     module = LESSON.load("student", str(scratch))

@@ -20,7 +20,7 @@ from pathlib import Path
 from course.checks.framework import CORE, Lesson
 from course.checks.results import grade_exercises
 
-from .tampering import checkpoint
+from .tampering import checkpoint, is_student_cell
 
 SHOW_ONLY_PREFIXES = ("plot_", "check_")
 TIMEOUT_KEY = "grade_class_timeout"   # a cell's limit in seconds, in the metadata of the copy a grader runs
@@ -62,6 +62,8 @@ def execute_notebook(notebook: dict, hidden_source=None) -> dict:
     absent); a cell marked ``HIDDEN_KEY`` runs the source ``hidden_source(index)`` gives just then."""
     shell = _shell()
     outputs_of, seconds_of, cpu_of = [], [], []
+    student_cells = frozenset(str(number) for number, cell in enumerate(notebook["cells"], 1)
+                              if isinstance(cell, dict) and is_student_cell(cell))
 
     def stop(_signum, _frame):
         raise CellTimeoutError("the cell ran past its time limit")
@@ -74,12 +76,14 @@ def execute_notebook(notebook: dict, hidden_source=None) -> dict:
             cpu_of.append(0.0)
             continue
         source = "".join(cell["source"])
-        if cell.get("metadata", {}).get(HIDDEN_KEY):
+        hidden = bool(cell.get("metadata", {}).get(HIDDEN_KEY))
+        if hidden:
             source = hidden_source(count - 1) if hidden_source else None
         shell.outputs = outputs = []
+        shell.muted = muted = student_cells if hidden else frozenset()
         start, cpu = time.perf_counter(), time.process_time()
         saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Stream(outputs, "stdout"), _Stream(outputs, "stderr")
+        sys.stdout, sys.stderr = _Stream(outputs, "stdout", muted), _Stream(outputs, "stderr", muted)
         signal.setitimer(signal.ITIMER_REAL, cell.get("metadata", {}).get(TIMEOUT_KEY) or 0)
         try:
             shell.execution_count = count
@@ -108,16 +112,35 @@ def _error(etype, evalue, traceback: list[str]) -> dict:
     return {"output_type": "error", "ename": etype.__name__, "evalue": str(evalue), "traceback": traceback}
 
 
-class _Stream(io.TextIOBase):
-    """stdout or stderr of a cell: consecutive writes join one stream output, as Jupyter shows them."""
+MUTED_NOTE = "[what the submission's code printed while this hidden test cell ran is not shown]\n"
 
-    def __init__(self, outputs: list, name: str):
-        self.outputs, self.name = outputs, name
+
+def _student_code_running(student_cells: frozenset) -> bool:
+    """Whether a frame of a student's cell (IPython names its code ``<ipython-input-N-...>``) is on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith("<ipython-input-") and name[len("<ipython-input-"):].split("-", 1)[0] in student_cells:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _Stream(io.TextIOBase):
+    """stdout or stderr of a cell: consecutive writes join one stream output, as Jupyter shows them. ``muted``:
+    what the student's code writes is left out (a hidden test cell: it could print the tests encoded)."""
+
+    def __init__(self, outputs: list, name: str, muted: frozenset = frozenset()):
+        self.outputs, self.name, self.muted = outputs, name, muted
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if self.muted and _student_code_running(self.muted):
+            if not any(o.get("text") == MUTED_NOTE for o in self.outputs):
+                self.outputs.append({"output_type": "stream", "name": "stdout", "text": MUTED_NOTE})
+            return len(text)
         last = self.outputs[-1] if self.outputs else None
         if last and last["output_type"] == "stream" and last["name"] == self.name:
             last["text"] += text
@@ -137,6 +160,8 @@ def _shell():
 
     class Publisher(DisplayPublisher):
         def publish(self, data, metadata=None, *args, **kwargs):
+            if getattr(self.shell, "muted", None) and _student_code_running(self.shell.muted):
+                return   # a hidden test cell: nothing the student's code displays
             self.shell.outputs.append({"output_type": "display_data", "data": data, "metadata": metadata or {}})
 
         def clear_output(self, wait=False):
