@@ -256,8 +256,8 @@ def cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedPr
                           text=True, timeout=900, **kwargs)
 
 
-def grade_command(folder: Path, out: Path, *extra: str, timeout: float = TIMEOUT_S) -> list[str]:
-    return ["grade-class", "14", str(folder), "--out", str(out), "--jobs", "2", "--timeout", str(timeout),
+def grade_command(folder: Path, out: Path, *extra: str, timeout: float = TIMEOUT_S, jobs: int = 2) -> list[str]:
+    return ["grade-class", "14", str(folder), "--out", str(out), "--jobs", str(jobs), "--timeout", str(timeout),
             "--memory-mb", str(MEMORY_MB), *extra]
 
 
@@ -381,7 +381,9 @@ def graded_class(tmp_path_factory) -> GradedClass:
                SSH_AUTH_SOCK=str(root / "ssh-agent.sock"))
     # SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (`&` without job control)
     # hands its children SIGINT ignored, and Python then never raises KeyboardInterrupt
-    first = subprocess.Popen([sys.executable, "-m", "course", *grade_command(folder, out)], cwd=REPO_ROOT, env=env,
+    # one slot: it is interrupted after its first graded submission (a second slot's warm-up would be wasted)
+    first = subprocess.Popen([sys.executable, "-m", "course", *grade_command(folder, out, jobs=1)], cwd=REPO_ROOT,
+                             env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []

@@ -8,8 +8,8 @@ exactly. A failure names the case and the rule its labels break (``mask_hint`` r
 from __future__ import annotations
 
 from course.minimind import IGNORE_INDEX, ByteTokenizer
-from course.minimind.sft import sft_labels
-from course.runs.sft import SFTSample, sft_sample
+from course.minimind.sft import assistant_markers, sft_labels
+from course.runs.sft import SFTSample, sft_sample, upstream_tokenizer
 
 from ..framework import check, fail
 
@@ -53,8 +53,14 @@ def mask_hint(input_ids, assistant_start, end, actual, expected) -> str:
     cut = {i for span in spans if span.stop == len(input_ids) and span.stop - len(end) not in ends for i in span}
     if wanted and targets == {i - 1 for i in wanted}:
         return "labels are unshifted: a target's label is its own input id (the model's loss shifts them)"
+    upstream = assistant_markers(upstream_tokenizer())
+    if (list(assistant_start), list(end)) != [list(m) for m in upstream] and actual == sft_labels(
+            input_ids, *upstream, len(input_ids)):
+        return ("the markers are arguments: look for the ids you are given (another tokenizer's markers are other "
+                "ids), not upstream's")
     if targets and not wanted:
-        return "a sample without an answer left (cut before it) has no target at all: every label -100"
+        return ("a sample in which no whole assistant marker stands (cut before its answer, or the marker's last "
+                "id merged into the answer's first token) has no target at all: every label -100")
     if targets & markers:
         return "the assistant marker itself is no target: a span starts at the id after it"
     if targets < wanted and wanted - targets == ends:

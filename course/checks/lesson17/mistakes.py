@@ -84,6 +84,11 @@ MISTAKES = [
             "    inside = {i for first, stop in _spans(input_ids, assistant_start, end) for i in range(first, stop)}\n"
             "    for i in range(len(input_ids)):\n        if i not in inside:\n            input_ids[i] = IGNORE_INDEX\n"
             "    return input_ids\n", labels_cover_every_assistant_turn, rule="the arguments stay as they were"),
+    mistake("upstreams_markers_hard_coded", "upstream's marker ids written into the function, whatever markers it "
+            "is given (another tokenizer's are other ids)", "assistant_labels",
+            "    for first, stop in _spans(input_ids, assistant_start, end):",
+            "    for first, stop in _spans(input_ids, [1, 1388, 570, 811, 234], [2, 234]):",
+            labels_cover_every_assistant_turn, rule="the markers are arguments"),
     mistake("end_matched_by_its_first_id", "a span ends at the end marker's first id, <|im_end|> alone",
             "_spans", "if input_ids[i:i + len(end)] == end)", "if input_ids[i] == end[0])",
             labels_match_whole_markers, rule="the whole end marker"),
