@@ -1,4 +1,5 @@
-"""Tampering flags (``course/classroom/tampering.py``) and what the class report shows of a class (``report.py``).
+"""Tampering flags (``course/classroom/``: ``tampering.py``, ``compare.py``, ``watch.py``, ``tripwires.py``) and what
+the class report shows of a class (``report.py``).
 
 The flags must catch the forgeries (the two verified by hand first: a module of stubs that replaces
 ``course.checks.framework._verdict``, and ``from course.reference.train_loop import *``), also spelled so that no
@@ -21,7 +22,7 @@ import pytest
 from course.checks import LESSONS, get_lesson
 from course.checks.framework import CORE, FAIL, PASS, TODO
 from course.checks.notebook import run_checks
-from course.classroom import tampering
+from course.classroom import compare, tampering, watch
 from course.classroom.grade_class import Submission, default_out_dir, file_route_result
 from course.classroom.confinement import Outcome
 from course.classroom.inside import HIDDEN_KEY, MUTED_NOTE, RUN_KEY, runs
@@ -230,7 +231,7 @@ def test_every_notebook_grader_shows_a_figure_inline(watched):
 def test_only_the_graders_own_closing_message_vouches_for_an_answer(messages, answer, silenced):
     import hashlib
     digest = hashlib.sha256(b'{"checks": {}}').hexdigest()
-    flags = tampering.parse_messages(messages.format(digest=digest), "NONCE", answer)
+    flags = watch.parse_messages(messages.format(digest=digest), "NONCE", answer)
     assert any(f["kind"] == tampering.SILENCED for f in flags) == silenced, (
         f"ACTUAL {flags}, EXPECTED silenced={silenced}")
 
@@ -338,7 +339,7 @@ def test_a_copy_of_the_reference_or_of_a_classmate_is_flagged(tmp_path):
                               "honest": (HONEST / LESSON.module_file).read_text(encoding="utf-8"),
                               "twin-a": (TWIN / LESSON.module_file).read_text(encoding="utf-8"),
                               "twin-b": "# copied\n" + (TWIN / LESSON.module_file).read_text(encoding="utf-8")})
-    flags = tampering.identical_flags(LESSON, paths)
+    flags = compare.identical_flags(LESSON, paths)
     copied = {f["detail"].split(" ")[0] for f in flags.get("copy", []) if f["kind"] == tampering.SAME_AS_REFERENCE}
     assert "train_one_epoch" in copied and "cosine_lr" not in copied, (
         f"ACTUAL {sorted(copied)}, EXPECTED the exercises of {tampering.MIN_IDENTICAL_NODES}+ nodes "
@@ -361,7 +362,7 @@ def test_no_honest_class_is_flagged_identical(tmp_path):
             (root / student).mkdir(parents=True)
             (root / student / lesson.module_file).write_text(source, encoding="utf-8")
             folders[student] = root / student
-        flags = tampering.identical_flags(lesson, folders)
+        flags = compare.identical_flags(lesson, folders)
         assert not flags, f"lesson {lesson.lesson_id}: honest submissions flagged identical: {flags}"
 
 
@@ -476,7 +477,7 @@ def test_a_refused_submission_gets_no_static_flags(tmp_path):
     stale = tampering.flag(tampering.GRADER, "old.py", 1, "a flag of an earlier version", "static")
     run = tampering.flag(tampering.SILENCED, "-", 0, "from the run", "audit")
     results = [_result("a", 0, {}, flags=[stale, run]), _result("b", 0, {})]
-    changed = tampering.add_class_flags(LESSON, submissions, results)
+    changed = compare.add_class_flags(LESSON, submissions, results)
     assert changed == [results[0]] and results[0]["flags"][0] == run and \
         [f["kind"] for f in results[0]["flags"][1:]] == [tampering.INTERNALS], results[0]["flags"]
     assert results[1]["flags"] == [], results[1]["flags"]
@@ -491,7 +492,7 @@ def test_a_submission_too_deep_to_compare_never_stops_the_class(tmp_path):
     (paths["deep"] / "helpers.py").write_text(deep, encoding="utf-8")
     submissions = [Submission(s, paths[s], "files", s) for s in ("deep", "other")]
     results = [_result(s, 0, {}) for s in ("deep", "other")]
-    tampering.add_class_flags(LESSON, submissions, results)
+    compare.add_class_flags(LESSON, submissions, results)
     kinds = [[f["kind"] for f in r["flags"]] for r in results]
     assert kinds == [[], [tampering.INTERNALS]], f"ACTUAL {kinds}, EXPECTED no flag, then internals"
 

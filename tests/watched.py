@@ -1,8 +1,9 @@
-"""Submissions run under tampering's ``AuditWatch`` the way a grader runs them, for tests/test_grade_class_flags.py.
+"""Submissions run under ``course.classroom.watch.AuditWatch`` the way a grader runs them, for
+tests/test_grade_class_flags.py.
 
 ``python tests/watched.py CASES.json`` reads ``{case: {"route": "files" | "notebook", "files": {name: text},
-"grade": bool, "hidden": {cell index: source}}}`` and prints ``{case: {"flags": [...], "answer": ..., "shown": [per notebook cell, each output's
-type and MIME types, or its error's name]}}``. One process (torch and the lesson imported
+"grade": bool, "hidden": {cell index: source}}}`` and prints ``{case: {"flags": [...], "answer": ..., "shown":
+[per notebook cell, each output's type and MIME types, or its error's name]}}``. One process (torch and the lesson imported
 once) forks a keeper-like parent and a grader-like child per case, as ``course.classroom.confinement`` does, without
 the sandbox: the child installs the watch in its scratch directory, loads the module (``grade``: and runs the
 lesson's core checks, as ``inside.grade_files``) or executes the notebook, and answers through a pipe.
@@ -19,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from course.checks import get_lesson  # noqa: E402
-from course.classroom import tampering  # noqa: E402
+from course.classroom import watch  # noqa: E402
 from course.classroom.inside import execute_notebook, grade_files  # noqa: E402
 
 LESSON = get_lesson("14")
@@ -33,7 +34,7 @@ def _work(case: dict, scratch: Path) -> dict:
     if case.get("grade"):
         return grade_files(LESSON, scratch)
     module = LESSON.load("student", str(scratch))
-    tampering.checkpoint("after its import", vars(module))
+    watch.checkpoint("after its import", vars(module))
     return {"checks": {}}
 
 
@@ -41,7 +42,7 @@ def run_case(case: dict) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="watched-"))
     for name, text in case["files"].items():
         (scratch / name).write_text(text, encoding="utf-8")
-    watch = tampering.AuditWatch()
+    audit_watch = watch.AuditWatch()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:   # the grader
@@ -49,9 +50,9 @@ def run_case(case: dict) -> dict:
         code = 1
         try:
             os.chdir(scratch)
-            watch.install(scratch)
+            audit_watch.install(scratch)
             answer = json.dumps(_work(case, scratch)).encode()
-            watch.finish(answer)
+            audit_watch.finish(answer)
             with os.fdopen(write_end, "wb") as pipe:
                 pipe.write(answer)
             code = 0
@@ -66,7 +67,7 @@ def run_case(case: dict) -> dict:
     shutil.rmtree(scratch, ignore_errors=True)
     shown = [[o.get("ename") or " ".join([o["output_type"], *sorted(o.get("data", {}))]) for o in cell or ()]
              for cell in json.loads(answer).get("cells", [])] if answer and case["route"] == "notebook" else []
-    return {"flags": watch.collect(answer), "answer": answer.decode(errors="replace")[:2000], "shown": shown}
+    return {"flags": audit_watch.collect(answer), "answer": answer.decode(errors="replace")[:2000], "shown": shown}
 
 
 def main() -> None:

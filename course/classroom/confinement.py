@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 from course.implementations import REPO_ROOT
 
-from .tampering import AuditWatch
+from .watch import AuditWatch
 
 SANDBOX_UID = 65534              # nobody: the sandbox's user when the instructor runs as root
 SCRATCH = Path("/scratch")       # inside the sandbox: the only place a grader writes (with SHM, /tmp is SCRATCH)

@@ -42,7 +42,7 @@ from .confinement import Outcome, probe
 from .inside import HIDDEN_KEY, RUN_KEY, TIMEOUT_KEY, runs
 from .pool import FILES, NOTEBOOK, Job, Settings, grade_shard
 from .report import cells_that_raised, check_messages, write_report
-from .tampering import add_class_flags
+from .compare import add_class_flags
 
 RESULTS = "submissions"        # OUT/submissions/<student>.json
 GRADES_CSV = "grades.csv"

@@ -20,7 +20,8 @@ from pathlib import Path
 from course.checks.framework import CORE, Lesson
 from course.checks.results import grade_exercises
 
-from .tampering import checkpoint, is_student_cell
+from .tampering import is_student_cell
+from .watch import checkpoint
 
 SHOW_ONLY_PREFIXES = ("plot_", "check_")
 TIMEOUT_KEY = "grade_class_timeout"   # a cell's limit in seconds, in the metadata of the copy a grader runs
@@ -36,7 +37,7 @@ def grade_files(lesson: Lesson, folder: Path) -> dict:
         module = lesson.load("student", str(folder))
     except Exception as exc:   # a student file that does not even import: every check fails
         return {"import_error": f"{type(exc).__name__}: {exc}"[:MAX_MESSAGE], "checks": {}}
-    checkpoint("after its import", vars(module))   # tampering's tripwires (nothing outside a watched grader)
+    checkpoint("after its import", vars(module))   # the tripwires (nothing outside a watched grader)
     results = [r for e in grade_exercises(lesson, module) if e.tier == CORE for r in e.checks]
     return {"checks": {r.check: {"status": r.status, "seconds": round(r.seconds, 3),
                                  "message": r.message[:MAX_MESSAGE]} for r in results}}
@@ -101,7 +102,7 @@ def execute_notebook(notebook: dict, hidden_source=None) -> dict:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             sys.stdout, sys.stderr = saved
-        checkpoint(f"after cell {count}", shell.user_ns)   # tampering's tripwires (nothing outside a watched grader)
+        checkpoint(f"after cell {count}", shell.user_ns)   # the tripwires (nothing outside a watched grader)
         outputs_of.append(outputs)
         seconds_of.append(round(time.perf_counter() - start, 3))
         cpu_of.append(round(time.process_time() - cpu, 3))
