@@ -81,6 +81,10 @@ FILE_CASES = {
         "for _lesson in getattr(_modules.get('course' + '.che' + 'cks'), 'LESS' + 'ONS').values():",
         "    for _check in _lesson.checks:",
         "        _check.__dict__['run'] = lambda impl: None")}},
+    "oracle_delegate": {"grade": True, "files": {LESSON.module_file: forged(
+        "def train_one_epoch(*args, **kwargs):",
+        "    from course.minimind.train_pretrain import train_epoch",
+        "    return train_epoch(*args, **kwargs)")}},
     "reference_by_name": {"grade": True, "files": {LESSON.module_file: forged(
         "_modules = getattr(getattr(__import__('o' + 's'), 's' + 'ys'), 'mod' + 'ules')",
         "_R = [m for k, m in list(_modules.items()) if k.startswith('_course' + '_impl_')",
@@ -165,6 +169,7 @@ def runtime(watched: dict, case: str) -> list[tuple]:
     ("exec", [(tampering.DYNAMIC, LESSON.module_file, STUB_LINES + 1, "audit")]),
     ("check_objects", [(tampering.PATCH, LESSON.module_file, STUB_LINES + 4, "tripwire")]),   # no event either
     ("reference_by_name", [(tampering.NOT_OWN, LESSON.module_file, STUB_LINES + 5, "audit")]),
+    ("oracle_delegate", [(tampering.NOT_OWN, LESSON.module_file, STUB_LINES + 3, "audit")]),   # found by a 2nd pass
 ])
 def test_the_run_is_flagged_whatever_the_spelling(watched, case, expected):
     """Each forgery's run reports exactly these flags, with the submission's file and line: what the audit hook saw

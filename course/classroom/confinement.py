@@ -175,7 +175,9 @@ def sandbox_environment() -> dict[str, str]:
     home = str(SCRATCH)
     return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "MPLCONFIGDIR": home, "MPLBACKEND": "Agg",
             "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONPATH": str(REPO_ROOT)}
+            "PYTHONPATH": str(REPO_ROOT),
+            # no oracle run is read from a file: the scratch folder (HOME) is the submission's to write
+            "MINIMIND_COURSE_CACHE": "off"}
 
 
 def sandbox_command(binary: str, command: list[str], scratch_mb: int) -> list[str]:
