@@ -20,7 +20,7 @@ from pathlib import Path
 from course.checks.framework import CORE, Lesson
 from course.checks.results import grade_exercises
 
-from .tampering import is_student_cell
+from .tampering import cell_number, is_student_cell
 from .watch import checkpoint
 
 SHOW_ONLY_PREFIXES = ("plot_", "check_")
@@ -63,7 +63,7 @@ def execute_notebook(notebook: dict, hidden_source=None) -> dict:
     absent); a cell marked ``HIDDEN_KEY`` runs the source ``hidden_source(index)`` gives just then."""
     shell = _shell()
     outputs_of, seconds_of, cpu_of = [], [], []
-    student_cells = frozenset(str(number) for number, cell in enumerate(notebook["cells"], 1)
+    student_cells = frozenset(number for number, cell in enumerate(notebook["cells"], 1)
                               if isinstance(cell, dict) and is_student_cell(cell))
 
     def stop(_signum, _frame):
@@ -117,11 +117,10 @@ MUTED_NOTE = "[what the submission's code printed while this hidden test cell ra
 
 
 def _student_code_running(student_cells: frozenset) -> bool:
-    """Whether a frame of a student's cell (IPython names its code ``<ipython-input-N-...>``) is on the stack."""
+    """Whether a frame of a student's cell (by its execution count) is on the stack."""
     frame = sys._getframe(2)
     while frame is not None:
-        name = frame.f_code.co_filename
-        if name.startswith("<ipython-input-") and name[len("<ipython-input-"):].split("-", 1)[0] in student_cells:
+        if cell_number(frame.f_code.co_filename) in student_cells:
             return True
         frame = frame.f_back
     return False

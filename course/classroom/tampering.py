@@ -81,6 +81,15 @@ def _cell_text(cell: dict) -> str:
     return "".join(source) if isinstance(source, list) else str(source)
 
 
+def cell_number(filename: str) -> Optional[int]:
+    """The execution count of the notebook cell whose code IPython compiled under ``filename``
+    (``<ipython-input-N-...>``; the graders run cell N as count N), or None for any other file."""
+    if not filename.startswith("<ipython-input-"):
+        return None
+    number = filename[len("<ipython-input-"):].split("-", 1)[0]
+    return int(number) if number.isdigit() else None
+
+
 def is_student_cell(cell: dict, course_ids: Optional[set] = None) -> bool:
     """Whether a notebook's code cell holds the student's code: a solution cell or one the student added. A locked
     cell with a grade_id (of ``course_ids``, the source's locked cells, where given: a submitted notebook's metadata

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from course.implementations import REFERENCE_DIR
 
 from .tampering import (DESCRIPTOR, DYNAMIC, GRADER, GRADER_DIRS, INTERNALS, MAX_DETAIL, NOT_OWN, PATCH, PROCESS,
-                        SILENCED, SUSPECT_PATHS, import_kind, cell_label, flag, is_student_cell)
+                        SILENCED, SUSPECT_PATHS, import_kind, cell_label, cell_number, flag, is_student_cell)
 from .tripwires import defined_at, exercises_of, make_tripwire, snapshot
 # --- watching the run from inside: audit hooks and tripwires ------------------------------------------------
 
@@ -79,10 +79,8 @@ def _student_files(scratch: Path) -> Callable[[str], Optional[str]]:
     def student_of(filename: str) -> Optional[str]:
         if filename.startswith(root):
             return filename[len(root):]
-        if filename.startswith("<ipython-input-"):
-            number = filename[len("<ipython-input-"):].split("-", 1)[0]
-            return cells.get(int(number)) if number.isdigit() else None
-        return None
+        number = cell_number(filename)
+        return cells.get(number) if number is not None else None
 
     return student_of
 
