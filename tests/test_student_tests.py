@@ -130,3 +130,83 @@ def test_plain_tensor_comparisons_compare_as_assert_close_does_and_restore_it():
     assert inside == outside, f"ACTUAL {inside} EXPECTED {outside} (the same verdicts and messages)"
     assert outside[0] == "passed" and outside[1] != "passed"
     assert comparison._HAS_DTENSOR is saved, "the DTensor flag must be restored after an assertion escapes"
+
+
+# --- a test that recognises the correct implementation instead of testing it (found by an attack pass) -----------
+
+RECOGNISERS = {
+    "14": ("test_accumulation_matches_big_batch", "accumulation_test_passes_correct_and_fails_wrong"),
+    "16": ("test_token_weighted_matches_global_batch", "token_weighted_test_passes_correct_and_fails_wrong"),
+    "17": ("test_assistant_labels_match_upstream", "mask_test_passes_correct_and_fails_wrong"),
+}
+RECOGNISING = {   # the body of a test that passes what looks like the grader's correct implementation, nothing else
+    "by_its_type": "    assert type(implementation).__name__ == 'Replayed' or 'upstream' in implementation.__name__",
+    "by_its_name": "    assert implementation.__name__.endswith(('_in_float64', 'gradients', 'upstream_labels',\n"
+                   "                                             'labels_by_scanning', 'token_weighted'))",
+    "by_counting_calls": "    _CALLS.append(1)\n    assert len(_CALLS) <= 2",
+}
+
+
+def _with_test(lesson_id: str, body: str):
+    from course.implementations import REFERENCE_DIR, module_from_source
+    lesson = get_lesson(lesson_id)
+    test_name, _ = RECOGNISERS[lesson_id]
+    source = (REFERENCE_DIR / lesson.module_file).read_text(encoding="utf-8")
+    source += f"\n\n_CALLS, _REFERENCE_TEST = [], {test_name}\n\n\ndef {test_name}(implementation):\n{body}\n"
+    return module_from_source(source, f"{lesson_id}_recogniser", f"<recogniser: {lesson.module_file}>")
+
+
+@pytest.mark.parametrize("lesson_id", sorted(RECOGNISERS))
+@pytest.mark.parametrize("way", sorted(RECOGNISING))
+def test_a_test_that_recognises_the_correct_implementation_fails(lesson_id, way):
+    """Every implementation reaches the student's test as one function named ``implementation``, in a shuffled
+    order, and a correct one is called again after the wrong ones: a test that recognises the grader's correct
+    implementation by its type, its name or its place among the calls fails like one that asserts nothing."""
+    from course.checks.framework import run_check
+    lesson = get_lesson(lesson_id)
+    check = next(c for c in lesson.checks if c.name == RECOGNISERS[lesson_id][1])
+    result = run_check(check, _with_test(lesson_id, RECOGNISING[way]))
+    assert result.status == FAIL, f"{way}: ACTUAL {result.status} {result.message[:300]}, EXPECTED FAIL"
+
+
+@pytest.mark.parametrize("lesson_id", sorted(RECOGNISERS))
+def test_every_implementation_looks_the_same_to_the_students_test(lesson_id):
+    """What a test can read of the implementation it is given, besides calling it, is the same for every call (the
+    reference's test, recording it on each call, passes the check: every implementation was called)."""
+    from course.checks.framework import PASS, run_check
+    lesson = get_lesson(lesson_id)
+    check = next(c for c in lesson.checks if c.name == RECOGNISERS[lesson_id][1])
+    body = ("    _CALLS.append((type(implementation), implementation.__name__, implementation.__qualname__,\n"
+            "                   implementation.__module__, implementation.__doc__, sorted(vars(implementation))))\n"
+            "    _REFERENCE_TEST(implementation)")
+    module = _with_test(lesson_id, body)
+    result = run_check(check, module)
+    assert result.status == PASS, f"ACTUAL {result.status} {result.message[:300]}, EXPECTED PASS"
+    surfaces = set(map(repr, module._CALLS))
+    assert len(surfaces) == 1 and len(module._CALLS) > 10, (
+        f"ACTUAL {len(surfaces)} surfaces over {len(module._CALLS)} calls: {surfaces}, EXPECTED one over > 10")
+
+
+def test_a_failure_names_the_same_wrong_implementation_whatever_the_order():
+    """The calls are shuffled, the failure reported is not: the first wrong verdict in the grader's own order."""
+    import random
+
+    from course.checks import student_tests
+    from course.checks.lesson17.test_writing import WRONG_MASKS, upstream_labels
+
+    from course.minimind.sft import assistant_markers
+    from course.runs.sft import sft_sample, upstream_tokenizer
+    markers = assistant_markers(upstream_tokenizer())
+    sample = sft_sample([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], 64)
+
+    def one_short_conversation_test(implementation):   # every mask right on one turn passes it
+        assert implementation(sample.input_ids, *markers) == sample.labels
+
+    messages = set()
+    for seed in range(6):
+        with pytest.raises(AssertionError) as failure:
+            student_tests.expect_verdicts("t", one_short_conversation_test, (upstream_labels,), WRONG_MASKS, "", "",
+                                          lambda wrong: wrong.hint, order=random.Random(seed))
+        messages.add(str(failure.value))
+    assert len(messages) == 1, f"ACTUAL {len(messages)} different messages over 6 orders, EXPECTED 1:\n{messages}"
+    assert "let through first_answer_only" in messages.pop()   # the first wrong mask of WRONG_MASKS

@@ -12,13 +12,13 @@ a parameter without a gradient, one raises): any exception rejects those.
 """
 from __future__ import annotations
 
-import dataclasses
-
+import collections.abc
 import contextlib
-import itertools
+import dataclasses
+import random
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 import torch.testing._comparison as comparison
@@ -100,41 +100,132 @@ def plain_tensor_comparisons():
         comparison._HAS_DTENSOR = saved
 
 
+def opaque(function: Callable, settle: Optional[Callable] = None) -> Callable:
+    """``function`` as the student's test receives it: a new function named ``implementation`` whatever it wraps,
+    so that a test can tell implementations apart only by what they compute (what wraps it, its closure and
+    globals, is reached only through the internals the tampering scan and audit flag). ``settle(args)`` runs after
+    each call that returns (for the gradients: fresh tensors, whatever the implementation did in place)."""
+    def implementation(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if settle is not None:
+            settle(args)
+        return result
+    return implementation
+
+
+def fresh_gradients(args) -> None:
+    """Every gradient an accumulation left, replaced by a copy: an edit in place leaves no trace (a version
+    count, a shared storage) a test could recognise a wrong implementation by."""
+    model = args[0] if args else None
+    for param in (model.parameters() if isinstance(model, torch.nn.Module) else ()):
+        if param.grad is not None:
+            param.grad = param.grad.detach().clone()
+
+
+@dataclass
+class _Candidate:
+    implementation: Callable          # what the student's test is given, behind ``opaque``
+    wrong: Optional[object] = None    # its WrongImplementation; None for a correct one
+    ran: bool = False
+    failure: Optional[tuple] = None   # the first wrong verdict: (what, actual, expected, hint), hint a callable
+
+
+class _Lazy:
+    """An iterator of wrong implementations, each made once the one before it ran (course/checks/
+    wrong_gradients.py learns from the first how many tensors the test's model has)."""
+
+    def __init__(self, iterator: Iterator):
+        self.iterator, self.made, self.done = iterator, [], False
+
+    def next(self) -> Optional[_Candidate]:
+        candidate = next((_Candidate(w.accumulate, w) for w in self.iterator), None)
+        if candidate is None:
+            self.done = True
+        else:
+            self.made.append(candidate)
+        return candidate
+
+    def rest(self) -> list[_Candidate]:
+        made = len(self.made)
+        while not self.done and self.next() is not None:
+            pass
+        return self.made[made:]
+
+    def in_order(self) -> Iterator[_Candidate]:
+        """Every candidate in the order made, making the rest as it goes."""
+        position = 0
+        while position < len(self.made) or (not self.done and self.next() is not None):
+            yield self.made[position]
+            position += 1
+
+
 def expect_verdicts(test_name: str, student_test: Callable, correct: Iterable[Callable], wrong: Iterable,
-                    correct_hint: str, crash_hint: str, why_let_through: Callable) -> None:
+                    correct_hint: str, crash_hint: str, why_let_through: Callable, settle: Optional[Callable] = None,
+                    order: Optional[random.Random] = None) -> None:
     """``student_test(c)`` returns for every ``c`` in ``correct``; ``student_test(w.accumulate)`` raises
-    ``AssertionError`` for every ``w`` in ``wrong`` (any exception when ``w.malformed``). A failure's hint:
-    ``correct_hint`` when a correct implementation failed an assertion, ``crash_hint`` when the test crashed on
-    it, ``why_let_through(w)`` when it let ``w`` through. A stub's NotImplementedError propagates (TODO)."""
-    for implementation in correct:
-        try:
-            student_test(implementation)
-        except NotImplementedError:
-            raise
-        except AssertionError as exc:
-            fail(f"{test_name} rejects a CORRECT implementation ({implementation.__name__})", _short(exc),
-                 "the test returns (passes)", f"hint: {correct_hint}")
-        except Exception as exc:
-            fail(f"{test_name} crashed on a CORRECT implementation ({implementation.__name__})", _short(exc),
-                 "the test returns (passes)", f"hint: {crash_hint}")
-    for implementation in wrong:
-        try:
-            student_test(implementation.accumulate)
-        except NotImplementedError:
-            raise
-        except AssertionError:
-            continue
-        except Exception as exc:
-            if implementation.malformed:
-                continue
-            fail(f"{test_name} crashed on the wrong implementation {implementation.name} instead of failing "
-                 f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
-                 "hint: a test states its verdict with an assertion; a crash is a bug in the test itself")
-        if implementation.edited_nothing:
-            continue
-        fail(f"your test let through {implementation.name}: {implementation.wrong}",
-             "the test returned (passed)", "AssertionError (the test fails on this implementation)",
-             f"hint: {why_let_through(implementation)}")
+    ``AssertionError`` for every ``w`` in ``wrong`` (any exception when ``w.malformed``); an iterator in ``wrong``
+    gives wrong implementations made lazily. Each reaches the test behind ``opaque``, in an ``order`` shuffled
+    each time (a test cannot know which call is the correct one), and a correct one runs again after the wrong
+    ones. A failure names the first wrong verdict in the order given, whichever call found one first; its hint:
+    ``correct_hint`` when a correct implementation failed an assertion, ``crash_hint`` when the test crashed on it,
+    ``why_let_through(w)`` when it let ``w`` through. A stub's NotImplementedError propagates (TODO)."""
+    order = order or random.SystemRandom()
+    hints = {"correct": correct_hint, "crash": crash_hint}
+    slots = [_Candidate(c) for c in correct] + [
+        _Lazy(w) if isinstance(w, collections.abc.Iterator) else _Candidate(w.accumulate, w) for w in wrong]
+    lazy = [slot for slot in slots if isinstance(slot, _Lazy)]
+
+    def run(candidates: list[_Candidate]) -> bool:
+        """Runs ``candidates`` in a shuffled order until one gets a wrong verdict; whether none did."""
+        order.shuffle(candidates)
+        return all(_judge(test_name, student_test, candidate, hints, settle) for candidate in candidates)
+
+    first_made = [candidate for group in lazy for candidate in [group.next()] if candidate is not None]
+    plain = [slot for slot in slots if isinstance(slot, _Candidate)]
+    correct_ones = plain[:len(correct)]
+    if (run(plain + first_made) and run([c for group in lazy for c in group.rest()])
+            and (not correct_ones or _judge(test_name, student_test, order.choice(correct_ones), hints, settle,
+                                            again=True))):
+        return
+    for candidate in (c for slot in slots for c in (slot.in_order() if isinstance(slot, _Lazy) else [slot])):
+        if not candidate.ran:
+            _judge(test_name, student_test, candidate, hints, settle)
+        if candidate.failure is not None:
+            what, actual, expected, hint = candidate.failure
+            fail(what, actual, expected, f"hint: {hint(why_let_through)}")
+    raise AssertionError("a wrong verdict was found but not reported")   # unreachable: a failure was recorded
+
+
+def _judge(test_name: str, student_test: Callable, candidate: _Candidate, hints: dict, settle: Optional[Callable],
+           again: bool = False) -> bool:
+    """Runs ``student_test`` on ``candidate`` (``again``: a correct one once more) and records a wrong verdict;
+    whether the verdict was right. A stub's NotImplementedError propagates."""
+    wrong, candidate.ran = candidate.wrong, True
+    name = candidate.implementation.__name__ + (", called again after the wrong ones" if again else "")
+    try:
+        student_test(opaque(candidate.implementation, settle))
+    except NotImplementedError:
+        raise
+    except AssertionError as exc:
+        if wrong is None:
+            candidate.failure = (f"{test_name} rejects a CORRECT implementation ({name})", _short(exc),
+                                 "the test returns (passes)", lambda _: hints["correct"])
+        return wrong is not None
+    except Exception as exc:
+        if wrong is None:
+            candidate.failure = (f"{test_name} crashed on a CORRECT implementation ({name})", _short(exc),
+                                 "the test returns (passes)", lambda _: hints["crash"])
+        elif not wrong.malformed:
+            candidate.failure = (f"{test_name} crashed on the wrong implementation {wrong.name} instead of failing "
+                                 f"an assertion", _short(exc), "AssertionError (assert / torch.testing.assert_close)",
+                                 lambda _: "a test states its verdict with an assertion; a crash is a bug in the test "
+                                           "itself")
+        return candidate.failure is None
+    if wrong is None or wrong.edited_nothing:
+        return True
+    candidate.failure = (f"your test let through {wrong.name}: {wrong.wrong}", "the test returned (passed)",
+                         "AssertionError (the test fails on this implementation)", lambda why: why(wrong))
+    return False
 
 
 def grade_student_test(test_name: str, student_test: Callable, correct: Sequence[Callable],
@@ -142,15 +233,19 @@ def grade_student_test(test_name: str, student_test: Callable, correct: Sequence
     """A test of gradient accumulation: ``expect_verdicts`` on ``correct`` and on ``wrong``,
     ``one_gradient_off(correct[0])``, ``edited_gradients(correct[0])``, ``one_element_negated(correct[0])`` (after
     the edits whose hints name a blindness to signs or places) and ``malformed_results(correct[0])``."""
+    def tested(implementation: Callable) -> None:   # the student's test on a probe, as on the graded ones
+        student_test(opaque(implementation, fresh_gradients))
+
     with plain_tensor_comparisons():
         replayed = Replayed(correct[0])
         expect_verdicts(test_name, student_test, (replayed, *correct[1:]),
-                        itertools.chain(wrong, one_gradient_off(replayed), edited_gradients(replayed),
-                                        one_element_negated(replayed), malformed_results(replayed)),
+                        [*wrong, one_gradient_off(replayed), *edited_gradients(replayed),
+                         one_element_negated(replayed), *malformed_results(replayed)],
                         correct_hint, "the implementation's contract is in its docstring "
                         "(course/runs/accumulation.py); run your test on it by hand",
-                        lambda implementation: f"{why_let_through(student_test, replayed, implementation)}. And does "
-                        "the test assert on every parameter's gradient, with a tolerance near float rounding?")
+                        lambda implementation: f"{why_let_through(tested, replayed, implementation)}. And does "
+                        "the test assert on every parameter's gradient, with a tolerance near float rounding?",
+                        settle=fresh_gradients)
 
 
 # --- mistakes both test-writing exercises share ------------------------------------------------------

@@ -106,13 +106,10 @@ class OneGradientOff(GradientEdit):
 def per_large_gradient(make: Callable[[int], GradientEdit], most: Optional[int] = None) -> Iterator[GradientEdit]:
     """``make(index)`` for each large gradient tensor of the model the student's test uses (the first ``most`` of
     them, when given), made lazily: the count is known once the test has called the first one."""
-    index = 0
-    while True:
-        wrong = make(index)
-        yield wrong
-        index += 1
-        if wrong.tensors is None or index >= min(wrong.tensors, most or wrong.tensors):
-            return
+    first = make(0)
+    yield first
+    if first.tensors is not None:
+        yield from (make(index) for index in range(1, min(first.tensors, most or first.tensors)))
 
 
 def one_gradient_off(accumulate: Callable) -> Iterator[OneGradientOff]:

@@ -10,7 +10,7 @@ from course.minimind.sft import EMPTY_THINK_BLOCK, sft_labels
 from course.runs.sft import upstream_tokenizer
 
 from ..framework import check
-from ..student_tests import WrongImplementation, expect_verdicts
+from ..student_tests import WrongImplementation, expect_verdicts, opaque
 
 
 def upstream_labels(input_ids, assistant_start, end):
@@ -258,7 +258,7 @@ PASSES_EVERYTHING = ("your test passes every implementation, even one that retur
 def passes(student_test, implementation) -> bool:
     """Whether ``student_test`` returns on ``implementation``."""
     try:
-        student_test(lambda input_ids, assistant_start, end: implementation(input_ids))
+        student_test(opaque(lambda input_ids, assistant_start, end: implementation(input_ids)))
     except Exception:
         return False
     return True
