@@ -102,12 +102,13 @@ def sft_epoch(session, micro_batches: list, accumulation_steps: int, *, lr: floa
 SYSTEM_AND_TWO_TURNS = [
     {"role": "system", "content": "You are a helpful AI assistant."},
     {"role": "user", "content": "Is seven a prime number?"}, {"role": "assistant", "content": "Yes."},
-    {"role": "user", "content": "And nine?"}, {"role": "assistant", "content": "No, nine is three times three."}]
+    {"role": "user", "content": "And nine?"},
+    {"role": "assistant", "content": "No, nine is three times three (<|im_end|> ends a turn)."}]
 
 # The conversations of the reference test: one kind of lesson 17 §1.2's list each, the length it is cut to, the
 # tokenizer (None: upstream's).
 MASK_TEST_CASES = (
-    (SYSTEM_AND_TWO_TURNS, 96, None),                                # system prompt, two turns, padded
+    (SYSTEM_AND_TWO_TURNS, 96, None),       # system prompt, two turns, an end marker's first id alone, padded
     ([{"role": "user", "content": "Name a color."},
       {"role": "assistant", "content": "Red, the color of ripe strawberries and fire trucks."}], 24,
      None),                                                          # cut mid-answer
@@ -123,8 +124,11 @@ def test_assistant_labels_match_upstream(assistant_labels) -> None:
     """``assistant_labels`` gives upstream's labels, token for token, on a conversation of each kind."""
     for messages, max_length, tokenizer in MASK_TEST_CASES:
         sample = sft_sample(messages, max_length, tokenizer)
-        labels = assistant_labels(sample.input_ids, sample.assistant_start, sample.end)
+        input_ids = list(sample.input_ids)
+        labels = assistant_labels(input_ids, sample.assistant_start, sample.end)
         assert labels == sample.labels, f"max_length {max_length}, {sample.prompt!r}: {labels} != {sample.labels}"
+        if input_ids != sample.input_ids:   # an argument rule (lesson 17 §5.5): the caller's list left as it was
+            raise AssertionError(f"assistant_labels changed its input_ids: {input_ids}")
 
 
 def encode_sft_prompt(prompt: str, tokenizer, max_length: int) -> tuple[list[int], list[int]]:

@@ -6,8 +6,10 @@ from ..catalogue import equivalent, mistake
 from .checks import labels_cover_every_assistant_turn, labels_match_whole_markers, labels_of_a_truncated_conversation
 from .extensions import encode_sft_prompt_is_upstreams_where_nothing_merges, \
     encode_sft_prompt_trains_an_answer_starting_with_spaces
-from .test_writing import (mask_test_fails_a_mask_that_drops_id_0, mask_test_fails_a_mask_with_upstreams_marker_ids,
-                           mask_test_passes_correct_and_fails_wrong)
+from .test_writing import (mask_test_fails_a_mask_that_drops_id_0,
+                           mask_test_fails_a_mask_that_ends_at_the_end_markers_first_id,
+                           mask_test_fails_a_mask_that_writes_into_its_input,
+                           mask_test_fails_a_mask_with_upstreams_marker_ids, mask_test_passes_correct_and_fails_wrong)
 from .updates import (sft_epoch_closes_each_update_once, sft_epoch_options_carry_lr_and_clipping_every_micro_step,
                       sft_epoch_passes_lr_and_clipping, sft_epoch_sends_every_micro_batch_of_a_trained_update,
                       sft_epoch_update_is_one_backward_of_its_assistant_tokens, units_are_each_updates_shifted_targets,
@@ -26,7 +28,7 @@ FORCE = "                                          force_update=position == len(
 SKIP = ("        if units[start] == 0:   # nothing to learn; and N = 0 would divide by zero (upstream's loss is "
         "NaN)\n            reports.append(None)\n            continue\n")
 STEP = "            report = session.train_step(batch, options, token_weighted_step)\n"
-TEST_CALL = '        labels = assistant_labels(sample.input_ids, sample.assistant_start, sample.end)\n'
+TEST_CALL = '        labels = assistant_labels(input_ids, sample.assistant_start, sample.end)\n'
 
 MISTAKES = [
     # assistant_labels (§5.1)
@@ -242,6 +244,14 @@ MISTAKES = [
     mistake("test_without_id_0_in_an_answer", "no answer of the test holds id 0 (the text <|endoftext|>)",
             "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
             "    for messages, max_length, tokenizer in MASK_TEST_CASES[:3]:", mask_test_fails_a_mask_that_drops_id_0),
+    mistake("test_no_end_marker_inside_an_answer", "no answer of the test holds the text <|im_end|> of its own",
+            "test_assistant_labels_match_upstream", "        sample = sft_sample(messages, max_length, tokenizer)\n",
+            '        sample = sft_sample([{**m, "content": m["content"].replace("<|im_end|>", "")} for m in messages],\n'
+            "                            max_length, tokenizer)\n",
+            mask_test_fails_a_mask_that_ends_at_the_end_markers_first_id),
+    mistake("test_ignores_the_arguments_afterwards", "the test never looks at the input_ids it passed after the "
+            "call: an implementation that writes into them passes", "test_assistant_labels_match_upstream",
+            "        if input_ids != sample.input_ids:", "        if False:", mask_test_fails_a_mask_that_writes_into_its_input),
     mistake("test_upstream_tokenizer_only", "every conversation of the test is tokenized with upstream's tokenizer",
             "test_assistant_labels_match_upstream", "    for messages, max_length, tokenizer in MASK_TEST_CASES:",
             "    for messages, max_length, tokenizer in MASK_TEST_CASES[:4]:",

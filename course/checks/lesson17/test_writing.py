@@ -145,6 +145,42 @@ def pad_id_never_a_target(input_ids, assistant_start, end):
     return [IGNORE_INDEX if label == 0 else label for label in upstream_labels(input_ids, assistant_start, end)]
 
 
+def end_marker_by_its_first_id(input_ids, assistant_start, end):
+    """A span ends at the end marker's first id, whatever follows it: right wherever that id stands only in whole
+    end markers (no answer holds the text <|im_end|> of its own)."""
+    labels, position = [IGNORE_INDEX] * len(input_ids), 0
+    while position < len(input_ids):
+        if list(input_ids[position:position + len(assistant_start)]) != list(assistant_start):
+            position += 1
+            continue
+        first = position + len(assistant_start)
+        stop = next((i for i in range(first, len(input_ids)) if input_ids[i] == end[0]), len(input_ids)) + len(end)
+        labels[first:stop] = input_ids[first:stop]
+        position = stop
+    return labels
+
+
+class WritesIntoItsInput(WrongImplementation):
+    """The right labels, built in the caller's list (``labels = input_ids``, then -100 written into it): the sample's
+    ids are lost. Not wrong where the test hands it an ``input_ids`` it cannot write into."""
+
+    @property
+    def edited_nothing(self) -> bool:
+        return not _WROTE_INTO_INPUT
+
+
+_WROTE_INTO_INPUT = []   # whether the last call could write into its input_ids
+
+
+def labels_written_into_input_ids(input_ids, assistant_start, end):
+    labels = upstream_labels(input_ids, assistant_start, end)
+    _WROTE_INTO_INPUT[:] = [isinstance(input_ids, list)]
+    if isinstance(input_ids, list):
+        input_ids[:] = labels
+        return input_ids
+    return labels
+
+
 def raises(input_ids, assistant_start, end):
     upstream_labels(input_ids, assistant_start, end)
     raise RuntimeError("labels: an implementation that crashes")
@@ -211,6 +247,12 @@ def mask_test_passes_correct_and_fails_wrong(impl):
                     else wrong.hint)
 
 
+def expect_rejected(impl, masks) -> None:
+    """A hardening check: the student's test raises AssertionError on each of ``masks``."""
+    expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream, (), masks, "",
+                    "the implementation's contract is lesson 17 §5.1's", lambda wrong: wrong.hint)
+
+
 PAD_ID_MASKS = (
     WrongImplementation("pad_id_never_a_target", "labels an id 0 inside a span -100 (\"padding is never a target\")",
                         "give your test an answer that holds id 0, the pad id: the text <|endoftext|> is that one "
@@ -223,9 +265,36 @@ PAD_ID_MASKS = (
 def mask_test_fails_a_mask_that_drops_id_0(impl):
     """Hardening (lesson 17 §5.5): your test also raises AssertionError on a mask that never labels id 0 (the pad
     id), which differs from upstream's only where an answer holds id 0 (the text <|endoftext|>)."""
-    expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream, (),
-                    PAD_ID_MASKS, "", "the implementation's contract is lesson 17 §5.1's",
-                    lambda wrong: wrong.hint)
+    expect_rejected(impl, PAD_ID_MASKS)
+
+
+END_MARKER_MASKS = (
+    WrongImplementation("end_marker_by_its_first_id", "ends a span at the end marker's first id, whatever follows "
+                        "it", "put the text <|im_end|> inside an answer, followed by something other than a newline: "
+                        "its id alone is no end marker (lesson 17 §5.1)", end_marker_by_its_first_id),
+)
+
+
+@check("test_assistant_labels_match_upstream")
+def mask_test_fails_a_mask_that_ends_at_the_end_markers_first_id(impl):
+    """Hardening (lesson 17 §5.5): your test also raises AssertionError on a mask that ends a span at the end
+    marker's first id alone, which differs from upstream's only where an answer holds the text <|im_end|>."""
+    expect_rejected(impl, END_MARKER_MASKS)
+
+
+INPUT_WRITING_MASKS = (
+    WritesIntoItsInput("labels_written_into_input_ids", "returns the right labels, written into the caller's "
+                       "input_ids (labels = input_ids): the sample's ids are gone", "call the implementation on a "
+                       "copy of the sample's input_ids and assert the copy is unchanged afterwards: its arguments are "
+                       "left as they were (lesson 17 §4.2)", labels_written_into_input_ids),
+)
+
+
+@check("test_assistant_labels_match_upstream")
+def mask_test_fails_a_mask_that_writes_into_its_input(impl):
+    """Hardening (lesson 17 §5.5): your test also raises AssertionError on a mask that returns the right labels
+    written into the caller's input_ids, which only a test that looks at its arguments after the call sees."""
+    expect_rejected(impl, INPUT_WRITING_MASKS)
 
 
 def upstreams_marker_ids(input_ids, assistant_start, end):
@@ -246,9 +315,7 @@ MARKER_ID_MASKS = (
 def mask_test_fails_a_mask_with_upstreams_marker_ids(impl):
     """Hardening (lesson 17 §5.5): your test also raises AssertionError on a mask that ignores the markers it is
     given and finds upstream's ids, which differs from upstream's rule only on another tokenizer's ids."""
-    expect_verdicts("test_assistant_labels_match_upstream", impl.test_assistant_labels_match_upstream, (),
-                    MARKER_ID_MASKS, "", "the implementation's contract is lesson 17 §5.1's",
-                    lambda wrong: wrong.hint)
+    expect_rejected(impl, MARKER_ID_MASKS)
 
 
 PASSES_EVERYTHING = ("your test passes every implementation, even one that returns input_ids unchanged: assert that "
