@@ -36,9 +36,10 @@ import pytest
 from course.checks import get_lesson
 from course.checks.assignments import scored_cells
 from course.classroom import grade_class
-from course.classroom.confinement import probe, unavailable
+from course.classroom import confinement
+from course.classroom.confinement import Outcome, probe, unavailable
 from course.classroom.inside import MUTED_NOTE
-from course.classroom.pool import FILES
+from course.classroom.pool import FILES, Settings
 from course.classroom.simulate import ENDLESS_LOOP
 from course.cli import main
 from course.implementations import REFERENCE_DIR, REPO_ROOT
@@ -207,7 +208,11 @@ class Host:
                     print(f'ATTACK fork bomb: stopped after {count}: {type(exc).__name__}', file=sys.stderr)
             """),
             # the sandbox's temporary directory ($TMPDIR; /tmp is the same one unless the checkout lives under /tmp)
+            # and a folder named like the next submission's file, nested past PATH_MAX (found by an attack pass)
             "x-disk": "tmp = os.environ['TMPDIR']\nos.makedirs(tmp + '/' + 'a/' * 200 + 'deep')\n"
+                      f"os.unlink({LESSON.module_file!r})   # read already: it is being imported\n"
+                      f"fd = os.open('.', os.O_RDONLY)\nfor part in [{LESSON.module_file!r}] + ['d' * 200] * 30:\n"
+                      "    os.mkdir(part, dir_fd=fd)\n    fd = os.open(part, os.O_RDONLY, dir_fd=fd)\n"
                       "os.mkdir(tmp + '/locked')\nos.chmod(tmp + '/locked', 0)\n"
                       "attempt('disk', lambda: [open(tmp + '/gc-fill', 'ab').write(b'x' * (64 << 20)) "
                       "for _ in range(32)])",
@@ -610,6 +615,57 @@ def test_the_sandbox_is_bubblewrap_with_cgroups_here():
     """On this machine (root, cgroup v1 controllers): nothing is missing; a machine without them is refused."""
     enforcement = probe()
     assert enforcement.bwrap and enforcement.cgroups and not enforcement.missing, enforcement
+
+
+def test_a_wipe_empties_a_tree_deeper_than_path_max_and_follows_no_link(tmp_path):
+    """What a grader leaves in its scratch folder goes before the next submission is written there (found by an
+    attack pass: a folder named like the next submission's file, nested past PATH_MAX, made every later submission
+    of its slot fail): a tree past PATH_MAX, one deeper than the descriptors a wipe holds, unreadable folders,
+    a FIFO; a link is removed, never followed."""
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside"
+    scratch.mkdir()
+    outside.mkdir()
+    (outside / "kept").write_text("the instructor's")
+    (scratch / "link").symlink_to(outside)
+    os.mkfifo(scratch / "pipe")
+    for top, name, depth in ((LESSON.module_file, "d" * 200, 30), ("deep", "e", 3 * confinement._WIPE_DEPTH + 5)):
+        fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+        opened = [fd]
+        for level, part in enumerate([top] + [name] * depth):
+            os.mkdir(part, dir_fd=opened[-1])
+            if level % 7 == 3:
+                os.symlink(outside, "to-outside", dir_fd=opened[-1])
+            opened.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=opened[-1]))
+        for level, fd in enumerate(opened):
+            if level % 5 == 4:
+                os.fchmod(fd, 0)   # a folder its grader made unreadable
+            os.close(fd)
+    assert len(str(scratch)) + 30 * 201 > os.pathconf("/", "PC_PATH_MAX")
+    assert confinement.wipe(scratch), f"ACTUAL left in the scratch folder: {os.listdir(scratch)}"
+    assert os.listdir(scratch) == [] and (outside / "kept").read_text() == "the instructor's", os.listdir(outside)
+
+
+def test_a_failure_of_the_sandbox_is_never_kept_as_a_final_result(tmp_path, monkeypatch):
+    """A sandbox that died or could not grade is the machinery's failure: the report says so and the next run
+    grades the submission again (the first run's 0 is not kept as "already graded")."""
+    student = tmp_path / "submitted" / "a-student"
+    student.mkdir(parents=True)
+    (student / LESSON.module_file).write_text(CORRECT.read_text(encoding="utf-8"), encoding="utf-8")
+    graded = []
+
+    def sandbox_fails(lesson_id, jobs, settings, routes):
+        for job in jobs:
+            graded.append(job.id)
+            yield job.id, Outcome(None, f"{confinement.SANDBOX_FAILED} died or stopped answering (a test)", 0.1, 0.0,
+                                  "")
+
+    monkeypatch.setattr(grade_class, "grade_shard", sandbox_fails)
+    run = grade_class.ClassRun("14", student.parent, tmp_path / "out",
+                               Settings(confinement.Limits(seconds=10, memory_mb=1000), cell_timeout=0))
+    for _ in range(2):
+        [row] = grade_class.run_class(run, say=lambda line: None)["results"]
+    assert graded == ["a-student", "a-student"], f"ACTUAL graded {graded}, EXPECTED the submission in both runs"
+    assert row["points"] == 0 and "not final" in row["problem"] and not row.get("key"), row
 
 
 # --- the notebook route ------------------------------------------------------------------------------------------

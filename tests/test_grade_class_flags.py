@@ -39,6 +39,7 @@ CORPUS = sorted(p for p in (REPO_ROOT / "tests" / "corpus").glob("lesson*/*") if
 HONEST = REPO_ROOT / "tests" / "corpus" / "lesson14" / "functional"
 TWIN = REPO_ROOT / "tests" / "corpus" / "lesson14" / "defensive"   # the code two students hand in alike
 STUB_LINES = len(STUB.splitlines())
+HONEST_SOURCE = (HONEST / LESSON.module_file).read_text(encoding="utf-8")
 
 
 def forged(*lines: str) -> str:
@@ -49,7 +50,7 @@ def forged(*lines: str) -> str:
 # --- the runtime cases: audit hook, tripwires, silence ------------------------------------------------------------
 
 FILE_CASES = {
-    "honest": {"files": {LESSON.module_file: (HONEST / LESSON.module_file).read_text(encoding="utf-8")}, "grade": True},
+    "honest": {"files": {LESSON.module_file: HONEST_SOURCE}, "grade": True},
     "verdict": {"files": {LESSON.module_file: forged(
         "import course.checks.framework as f",
         "f._verdict = lambda check, module: f.CheckResult(check.name, check.exercise, 'PASS')")}},
@@ -91,6 +92,33 @@ FILE_CASES = {
         "      and str(getattr(m, '__file__', '')).endswith('refer' + 'ence/train_loop.py')][0]",
         "def cosine_lr(*args, **kwargs):",
         "    return _R.cosine_lr(*args, **kwargs)")}},
+    # found by a third attack pass: frames handed on by the standard library, and by a signal handler
+    "walk_stack": {"files": {LESSON.module_file: forged(
+        "_frames = [_f for _f, _ in __import__('trace' + 'back').walk_stack(None)]")}},
+    "walk_tb": {"files": {LESSON.module_file: forged(
+        "try:",
+        "    1 / 0",
+        "except ZeroDivisionError as _error:",
+        "    _frames = [_f for _f, _ in __import__('trace' + 'back').walk_tb(_error.__traceback__)]")}},
+    "current_frame": {"files": {LESSON.module_file: forged("_frame = __import__('logg' + 'ing').currentframe()")}},
+    "closure": {"files": {LESSON.module_file: forged(
+        "_inspect = __import__('insp' + 'ect')",
+        "_seen = _inspect.getclosurevars(_inspect.getclosurevars)")}},
+    "signal_handler": {"files": {LESSON.module_file: forged(
+        "_signal = __import__('sig' + 'nal')",   # put back at once: the tripwires see no handler changed
+        "_signal.signal(10, _signal.signal(10, lambda number, frame: None))")}},
+    "test_by_code": {"grade": True, "files": {LESSON.module_file: HONEST_SOURCE + "\n".join([
+        "", "", "def test_accumulation_matches_big_batch(accumulate_gradients):",
+        "    _wrapped = getattr(accumulate_gradients, '__co' + 'de__').co_consts", ""])}},
+    "honest_stdlib": {"files": {LESSON.module_file: forged(
+        "import collections, logging, traceback",
+        "_Point = collections.namedtuple('_Point', 'x y')",
+        "_stack = traceback.format_stack()",
+        "try:",
+        "    1 / 0",
+        "except ZeroDivisionError:",
+        "    _shown = traceback.format_exc()",
+        "logging.getLogger('a student').info('a line nobody sees')")}},
 }
 NOTEBOOK = f"{LESSON.name}.ipynb"
 SETUP = "from course.checks.notebook import run_checks\n"
@@ -116,19 +144,32 @@ def notebook_of(student_cells) -> str:
     return nbformat.writes(nbformat.v4.new_notebook(cells=[setup, *map(nbformat.v4.new_code_cell, cells)]))
 
 
-def with_hidden_cell(student_cell: str) -> str:
+def with_hidden_cell(student_cell: str, after: str = "") -> str:
     """``notebook_of(student_cell)`` and then a locked grade cell whose source (hidden tests) the grader is handed
-    when it runs it (``HIDDEN_SOURCE``), as grade-class's notebook route runs one."""
+    when it runs it (``HIDDEN_SOURCE``), as grade-class's notebook route runs one; then the cell ``after``."""
     import nbformat
     notebook = nbformat.reads(notebook_of(student_cell), as_version=4)
     notebook.cells.append(nbformat.v4.new_code_cell("", metadata={
         HIDDEN_KEY: True, "nbgrader": {"grade": True, "grade_id": "hidden_cosine_lr", "locked": True, "points": 1,
                                        "solution": False}}))
+    notebook.cells += [nbformat.v4.new_code_cell(after)] if after else []
     return nbformat.writes(notebook)
 
 
 HIDDEN_SOURCE = "print('the checks ran')\ncosine_lr(1, 10, 0.5)\n"
 LEAK = "def cosine_lr(current_step, total_steps, base_lr):\n    print('a hidden test, encoded')\n    return base_lr\n"
+# found by a third attack pass: what IPython keeps of a cell it ran (its lines for tracebacks, the last result),
+# read while the hidden cell runs and after it, printed reversed past the feedback's filter
+STASH = ("import linecache\n_kept = []\n\n"
+         "def _cell_texts():\n"
+         "    shell = get_ipython()\n"
+         "    results = [shell.last_execution_result, getattr(shell.displayhook, 'exec_result', None)]\n"
+         "    return [''.join(entry[2]) for name, entry in list(linecache.cache.items()) if name.startswith('<')] + \\\n"
+         "        [result.info.raw_cell for result in results if result is not None]\n\n"
+         "def cosine_lr(current_step, total_steps, base_lr):\n"
+         "    _kept.extend(_cell_texts())\n"
+         "    return base_lr\n")
+SHOW_STASH = "print([text[::-1] for text in _kept + _cell_texts() if 'cosine_lr(1,' in text])\n"
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +178,8 @@ def watched(tmp_path_factory) -> dict:
     cases |= {f"notebook/{name}": {"route": "notebook", "files": {NOTEBOOK: notebook_of(cell)}}
               for name, cell in NOTEBOOK_CELLS.items()}
     cases["notebook/hidden_leak"] = {"route": "notebook", "files": {NOTEBOOK: with_hidden_cell(LEAK)},
+                                     "hidden": {"2": HIDDEN_SOURCE}}
+    cases["notebook/hidden_kept"] = {"route": "notebook", "files": {NOTEBOOK: with_hidden_cell(STASH, SHOW_STASH)},
                                      "hidden": {"2": HIDDEN_SOURCE}}
     path = tmp_path_factory.mktemp("watched") / "cases.json"
     path.write_text(json.dumps(cases), encoding="utf-8")
@@ -170,6 +213,13 @@ def runtime(watched: dict, case: str) -> list[tuple]:
     ("check_objects", [(tampering.PATCH, LESSON.module_file, STUB_LINES + 4, "tripwire")]),   # no event either
     ("reference_by_name", [(tampering.NOT_OWN, LESSON.module_file, STUB_LINES + 5, "audit")]),
     ("oracle_delegate", [(tampering.NOT_OWN, LESSON.module_file, STUB_LINES + 3, "audit")]),   # found by a 2nd pass
+    ("walk_stack", [(tampering.INTERNALS, LESSON.module_file, STUB_LINES + 1, "audit")]),
+    ("walk_tb", [(tampering.INTERNALS, LESSON.module_file, STUB_LINES + 4, "audit")]),
+    ("current_frame", [(tampering.INTERNALS, LESSON.module_file, STUB_LINES + 1, "audit")]),
+    ("closure", [(tampering.INTERNALS, LESSON.module_file, STUB_LINES + 2, "audit")]),
+    ("signal_handler", [(tampering.INTERNALS, LESSON.module_file, STUB_LINES + 2, "audit")]),
+    ("test_by_code", [(tampering.INTERNALS, LESSON.module_file, len(HONEST_SOURCE.splitlines()) + 4, "audit")]),
+    ("honest_stdlib", []),   # namedtuple, logging and tracebacks read frames for themselves: no flag
 ])
 def test_the_run_is_flagged_whatever_the_spelling(watched, case, expected):
     """Each forgery's run reports exactly these flags, with the submission's file and line: what the audit hook saw
@@ -210,6 +260,16 @@ def test_a_hidden_cell_shows_nothing_the_students_code_prints(watched):
     texts = [o.get("text", "") for o in hidden]
     assert "the checks ran\n" in texts[0] and not any("encoded" in text for text in texts) and \
         any(text == MUTED_NOTE for text in texts), f"ACTUAL outputs of the hidden cell: {hidden}"
+
+
+def test_nothing_the_shell_keeps_of_a_hidden_cell_reaches_a_later_cell(watched):
+    """A hidden cell runs without IPython's run_cell: no line of it stays in linecache or in the shell's last
+    execution result, where the student's code could read it while the cell runs or after, and print it reversed."""
+    cells = json.loads(watched["notebook/hidden_kept"]["answer"])["cells"]
+    shown = "".join(o.get("text", "") for o in cells[-1])
+    assert shown.startswith("["), f"the last cell printed no list: {cells[-1]}"
+    for line in HIDDEN_SOURCE.splitlines():
+        assert line[::-1] not in shown, f"the hidden cell's line {line!r} reached a later cell, reversed:\n{shown}"
 
 
 def test_an_error_a_custom_handler_swallows_still_fails_its_cell(watched):

@@ -144,6 +144,8 @@ RECOGNISING = {   # the body of a test that passes what looks like the grader's 
     "by_its_name": "    assert implementation.__name__.endswith(('_in_float64', 'gradients', 'upstream_labels',\n"
                    "                                             'labels_by_scanning', 'token_weighted'))",
     "by_counting_calls": "    _CALLS.append(1)\n    assert len(_CALLS) <= 2",
+    "by_its_closure": "    assert any(marker in repr(cell.cell_contents) for cell in implementation.__closure__ or ()\n"
+                      "               for marker in ('Replayed', 'upstream', '_in_float64', 'token_weighted'))",
 }
 
 
@@ -161,7 +163,8 @@ def _with_test(lesson_id: str, body: str):
 def test_a_test_that_recognises_the_correct_implementation_fails(lesson_id, way):
     """Every implementation reaches the student's test as one function named ``implementation``, in a shuffled
     order, and a correct one is called again after the wrong ones: a test that recognises the grader's correct
-    implementation by its type, its name or its place among the calls fails like one that asserts nothing."""
+    implementation by its type, its name, its closure or its place among the calls fails like one that asserts
+    nothing (what it wraps is a constant of its code: reading ``__code__`` is what the audit watch flags)."""
     from course.checks.framework import run_check
     lesson = get_lesson(lesson_id)
     check = next(c for c in lesson.checks if c.name == RECOGNISERS[lesson_id][1])
@@ -177,7 +180,9 @@ def test_every_implementation_looks_the_same_to_the_students_test(lesson_id):
     lesson = get_lesson(lesson_id)
     check = next(c for c in lesson.checks if c.name == RECOGNISERS[lesson_id][1])
     body = ("    _CALLS.append((type(implementation), implementation.__name__, implementation.__qualname__,\n"
-            "                   implementation.__module__, implementation.__doc__, sorted(vars(implementation))))\n"
+            "                   implementation.__module__, implementation.__doc__, sorted(vars(implementation)),\n"
+            "                   implementation.__closure__, sorted(implementation.__globals__),\n"
+            "                   implementation.__defaults__, implementation.__kwdefaults__))\n"
             "    _REFERENCE_TEST(implementation)")
     module = _with_test(lesson_id, body)
     result = run_check(check, module)

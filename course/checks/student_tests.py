@@ -23,6 +23,8 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import torch
 import torch.testing._comparison as comparison
 
+from course.sealing import sealed
+
 from .catalogue import Mistake, mistake
 from .framework import fail, same_value
 from .wrong_gradients import (edited_gradients, malformed_results, one_element_negated, one_gradient_off,
@@ -100,17 +102,21 @@ def plain_tensor_comparisons():
         comparison._HAS_DTENSOR = saved
 
 
+def _implementation(*args, **kwargs):
+    function = "function"   # constants of the sealed copy (``course.sealing``)
+    settle = "settle"
+    result = function(*args, **kwargs)
+    if settle is not None:
+        settle(args)
+    return result
+
+
 def opaque(function: Callable, settle: Optional[Callable] = None) -> Callable:
     """``function`` as the student's test receives it: a new function named ``implementation`` whatever it wraps,
-    so that a test can tell implementations apart only by what they compute (what wraps it, its closure and
-    globals, is reached only through the internals the tampering scan and audit flag). ``settle(args)`` runs after
+    with no closure and no globals, so that a test can tell implementations apart only by what they compute (what
+    it wraps is reached only through its ``__code__``, a read the audit watch flags). ``settle(args)`` runs after
     each call that returns (for the gradients: fresh tensors, whatever the implementation did in place)."""
-    def implementation(*args, **kwargs):
-        result = function(*args, **kwargs)
-        if settle is not None:
-            settle(args)
-        return result
-    return implementation
+    return sealed(_implementation, "implementation", function=function, settle=settle)
 
 
 def fresh_gradients(args) -> None:

@@ -28,6 +28,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -42,10 +43,13 @@ from .watch import AuditWatch
 SANDBOX_UID = 65534              # nobody: the sandbox's user when the instructor runs as root
 SCRATCH = Path("/scratch")       # inside the sandbox: the only place a grader writes (with SHM, /tmp is SCRATCH)
 SHM = Path("/dev/shm")
+SANDBOX_FAILED = "the sandbox"    # how a problem of the grading machinery's own begins
 MAX_ANSWER_BYTES = 32 << 20      # a grader's JSON answer; more is a broken submission, not a result
 STDERR_TAIL = 4000               # characters of a grader's stderr kept in its outcome
 MAX_REFUSALS_FLAGGED = 10        # hidden cells asked again: the first ones are flagged, the rest only refused
 _POLL_SECONDS = 0.05
+_WIPE_DEPTH = 64                 # directories open at once while wiping; deeper ones move up
+_WIPE_ROUNDS = 1000              # passes of a wipe: each one empties the next 64 levels of a deep tree
 _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWIPC, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x08000000, 0x40000000
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 1, 4, 38
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -430,30 +434,73 @@ def _enter_namespaces() -> None:
         make_undumpable()
 
 
-def wipe(folder: Path) -> None:
-    """Remove everything in ``folder`` (a tmpfs of the sandbox), not the folder: a directory a grader made
-    unreadable or nested deep included (its owner may chmod it; no recursion)."""
-    stack = [(entry.path, False) for entry in os.scandir(folder)]
+def wipe(folder: Path) -> bool:
+    """Remove everything in ``folder`` (a tmpfs of the sandbox), not the folder; True when it is empty after.
+    Every step is relative to an open directory (a path deeper than PATH_MAX included), a directory its grader made
+    unreadable is made readable first (its owner may), and one nested deeper than ``_WIPE_DEPTH`` is moved up to
+    ``folder`` and emptied from there: as many descriptors open as that depth, no recursion."""
+    top = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for _ in range(_WIPE_ROUNDS):
+            if _wipe_round(top):
+                return True
+        return not os.listdir(top)
+    finally:
+        os.close(top)
+
+
+def _wipe_round(top: int) -> bool:
+    """One pass over what ``top`` holds now; True when nothing was moved up or left behind."""
+    stack = [(top, iter(os.listdir(top)), "")]   # (directory, its names left, its name in the one above)
+    clean = True
     while stack:
-        path, emptied = stack.pop()
+        directory, names, own_name = stack[-1]
+        name = next(names, None)
+        if name is None:
+            stack.pop()
+            if stack:
+                os.close(directory)
+                clean = _removed(lambda: os.rmdir(own_name, dir_fd=stack[-1][0])) and clean
+            continue
         try:
-            if emptied:
-                os.rmdir(path)
-            elif os.path.isdir(path) and not os.path.islink(path):
-                os.chmod(path, 0o700)
-                stack.append((path, True))
-                stack += [(entry.path, False) for entry in os.scandir(path)]
+            is_directory = stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+            if not is_directory:
+                os.unlink(name, dir_fd=directory)
+            elif len(stack) > _WIPE_DEPTH:
+                os.rename(name, f".deep-{time.monotonic_ns()}", src_dir_fd=directory, dst_dir_fd=top)
+                clean = False
             else:
-                os.unlink(path)
+                os.chmod(name, 0o700, dir_fd=directory)   # a directory (just seen so); its grader is gone
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+                stack.append((inner, iter(_listed(inner)), name))
         except OSError:
-            pass
+            clean = False
+    return clean
 
 
-def _wipe_all(scratch: Path, limits: Limits) -> None:
-    """Empty what a grader could write: the scratch folder and, in the sandbox (its own tmpfs), /dev/shm."""
-    wipe(scratch)
-    if limits.confined:
-        wipe(SHM)
+def _listed(directory: int) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:   # its names cannot be read: the rmdir after it fails, the wipe says so
+        return []
+
+
+def _removed(remove: Callable[[], None]) -> bool:
+    try:
+        remove()
+        return True
+    except OSError:
+        return False
+
+
+def _wipe_all(scratch: Path, limits: Limits) -> bool:
+    """Empty what a grader could write: the scratch folder and, in the sandbox (its own tmpfs), /dev/shm; True when
+    both are empty."""
+    try:
+        emptied = wipe(scratch)
+        return (wipe(SHM) if limits.confined else True) and emptied
+    except OSError:
+        return False
 
 
 def write_files(folder: Path, files: dict[str, str]) -> None:
@@ -661,7 +708,8 @@ def run_keeper(header: dict, work: Callable[[HiddenSource], dict], scratch: Path
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # the pool gone: so is this grading
         files = json.loads(read_exactly(0, header["files"]))
-        _wipe_all(scratch, limits)
+        if not _wipe_all(scratch, limits):
+            raise OSError(f"{scratch} or {SHM} could not be emptied of what an earlier grader left")
         write_files(scratch, files)
         del files
         watch = AuditWatch()
@@ -673,8 +721,8 @@ def run_keeper(header: dict, work: Callable[[HiddenSource], dict], scratch: Path
     except BaseException as exc:   # noqa: B036 - the keeper must answer and reach os._exit
         if not hidden_read:   # keep the protocol stream in step
             read_exactly(0, header["hidden"])
-        raw = {"problem": f"the sandbox could not grade it: {type(exc).__name__}: {exc}", "exit": None}
-    _wipe_all(scratch, limits)
+        raw = {"problem": f"{SANDBOX_FAILED} could not grade it: {type(exc).__name__}: {exc}", "exit": None}
+    raw["slot_unclean"] = not _wipe_all(scratch, limits)   # the pool replaces its sandbox before the next one
     raw["seconds"] = time.monotonic() - start
     os.write(protocol, (json.dumps({"outcome": raw, "id": header["id"]}) + "\n").encode())
     os._exit(0)
@@ -714,5 +762,11 @@ def _why_no_answer(exit_code, stderr: str, limits_hit: list, limits: Limits, ans
 
 def load_suspect(problem: str) -> bool:
     """Whether a failure may come from the machine's load rather than the submission: it is graded again once."""
-    return problem.startswith(("timed out", "the sandbox"))
+    return problem.startswith(("timed out", SANDBOX_FAILED))
+
+
+def not_final(problem: str) -> bool:
+    """Whether a failure is the grading machinery's (a sandbox that died or could not start the grading): kept
+    in the report, never as a final result; the next run grades it again."""
+    return problem.startswith(SANDBOX_FAILED)
 

@@ -38,7 +38,7 @@ from course.checks.notebook import statuses_printed
 from course.implementations import REPO_ROOT
 from course.input_errors import InputError
 
-from .confinement import Outcome, probe
+from .confinement import Outcome, not_final, probe
 from .inside import HIDDEN_KEY, RUN_KEY, TIMEOUT_KEY, runs
 from .pool import FILES, NOTEBOOK, Job, Settings, grade_shard
 from .report import cells_that_raised, check_messages, write_report
@@ -451,7 +451,10 @@ def run_class(run: ClassRun, say: Callable[[str], None] = print) -> dict:
                   "limits_hit": [], "retried": "", "wrote_stderr": False, "stderr": "", "flags": [],
                   "sandbox": sandbox, **row}
         result["points"] = sum(score or 0.0 for score in result["cells"].values())
-        result["key"] = keys[result["student"]]
+        if not_final(result["problem"]):   # the machinery's failure, not the submission's: graded again next run
+            result["problem"] += " (not final: the next run grades it again)"
+        else:
+            result["key"] = keys[result["student"]]
         result = cleaned(result)
         _write_json(out_dir / RESULTS / f"{result['student']}.json", result)
         results[result["student"]] = result

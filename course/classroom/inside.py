@@ -28,6 +28,7 @@ TIMEOUT_KEY = "grade_class_timeout"   # a cell's limit in seconds, in the metada
 HIDDEN_KEY = "grade_class_hidden"     # a cell whose source (hidden tests) the grader asks for when it runs it
 RUN_KEY = "grade_class_run"           # a show-only cell the instructor has run all the same (--every-cell)
 MAX_MESSAGE = 2000   # characters of a check's message kept in an answer
+HIDDEN_FILENAME = "<hidden tests>"    # what a hidden cell's code is compiled as: no line of it is cached
 
 
 def grade_files(lesson: Lesson, folder: Path) -> dict:
@@ -90,6 +91,8 @@ def execute_notebook(notebook: dict, hidden_source=None) -> dict:
             shell.execution_count = count
             if source is None:
                 outputs.append(_error(LookupError, "the grader was not given this cell's hidden tests", []))
+            elif hidden:
+                _run_hidden(shell, source)
             else:
                 result = shell.run_cell(source, store_history=False)
                 error = result.error_before_exec or result.error_in_exec
@@ -107,6 +110,17 @@ def execute_notebook(notebook: dict, hidden_source=None) -> dict:
         seconds_of.append(round(time.perf_counter() - start, 3))
         cpu_of.append(round(time.process_time() - cpu, 3))
     return {"cells": outputs_of, "seconds": seconds_of, "cpu": cpu_of}
+
+
+def _run_hidden(shell, source: str) -> None:
+    """A hidden test cell's source, run in the notebook's namespace without IPython's ``run_cell``, which would keep
+    its text where the student's code reads it unseen (``linecache``, the shell's last execution result)."""
+    try:
+        exec(compile(source, HIDDEN_FILENAME, "exec"), shell.user_ns)
+    except CellTimeoutError:
+        raise
+    except BaseException:   # noqa: B036 - as run_cell does: any exception of the cell is its error output
+        shell.showtraceback()
 
 
 def _error(etype, evalue, traceback: list[str]) -> dict:

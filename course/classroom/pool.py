@@ -30,8 +30,8 @@ from typing import Iterable, Iterator, Optional
 from course.checks import get_lesson
 from course.implementations import REFERENCE_DIR
 
-from .confinement import (SCRATCH, GraderCgroup, Limits, Outcome, load_suspect, make_undumpable, outcome_of,
-                          probe, run_keeper, sandbox_command, sandbox_environment)
+from .confinement import (SANDBOX_FAILED, SCRATCH, GraderCgroup, Limits, Outcome, load_suspect, make_undumpable,
+                          outcome_of, probe, run_keeper, sandbox_command, sandbox_environment, wipe)
 from .inside import execute_notebook, grade_files
 
 FILES, NOTEBOOK = "files", "notebook"   # the two routes (README, "Two routes, same grading")
@@ -150,9 +150,9 @@ class Slot:
             if enforcement.cgroups else None
         fds = self.cgroup.procs_descriptors() if self.cgroup else []
         sandboxed = enforcement.bwrap is not None
-        scratch = SCRATCH if sandboxed else private / f"scratch-{index}"
+        scratch = SCRATCH if sandboxed else private / f"scratch-{index}-{time.monotonic_ns()}"   # a slot's own
         if not sandboxed:
-            scratch.mkdir(mode=0o700, exist_ok=True)
+            scratch.mkdir(mode=0o700)
         pool_limits = dataclasses.replace(limits, confined=sandboxed)
         command = [sys.executable, "-m", "course.classroom.pool", lesson_id, ",".join(routes),
                    json.dumps(dataclasses.asdict(pool_limits)), "--scratch", str(scratch),
@@ -170,6 +170,7 @@ class Slot:
                                             start_new_session=True)
         for fd in fds:
             os.close(fd)
+        self.own_scratch = None if sandboxed else scratch   # the sandbox's tmpfs ends with it; this one does not
         os.set_blocking(self.process.stdin.fileno(), False)
         self.incoming, self.outgoing = bytearray(), bytearray()
         self.job: Optional[Job] = None
@@ -236,6 +237,10 @@ class Slot:
         for stream in (self.process.stdin, self.process.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
+        if self.own_scratch is not None:
+            with contextlib.suppress(OSError):
+                wipe(self.own_scratch)
+                self.own_scratch.rmdir()
         if self.cgroup:
             for _ in range(50):   # the sandbox's last processes leave the cgroup a moment after bwrap's end
                 self.cgroup.remove()
@@ -289,14 +294,18 @@ def grade_shard(lesson_id: str, jobs: Iterable[Job], settings: Settings, routes:
                     failed.close()
                     slots[index] = Slot(index, lesson_id, routes, limits, private)
                     if finished is not None:
-                        outcome = Outcome(None, f"the sandbox died or stopped answering ({why})",
+                        outcome = Outcome(None, f"{SANDBOX_FAILED} died or stopped answering ({why})",
                                           time.monotonic() - failed.since, 0.0, "")
                         yield from _settle(finished, outcome, retried, queue)
                 for slot in slots:
                     if slot.done and slot.job is not None:
                         finished, raw = slot.job, slot.answer
                         slot.job, slot.answer = None, None
-                        yield from _settle(finished, outcome_of(slot.measured(raw), limits), retried, queue)
+                        outcome = outcome_of(slot.measured(raw), limits)
+                        if raw.get("slot_unclean"):   # what its grader left could reach the next: a new sandbox
+                            slot.close()
+                            slots[slot.index] = Slot(slot.index, lesson_id, routes, limits, private)
+                        yield from _settle(finished, outcome, retried, queue)
         finally:
             for slot in slots:
                 slot.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from course.implementations import REFERENCE_DIR
+from course.sealing import sealed
 
 from .tampering import (DESCRIPTOR, DYNAMIC, GRADER, GRADER_DIRS, INTERNALS, MAX_DETAIL, NOT_OWN, PATCH, PROCESS,
                         SILENCED, SUSPECT_PATHS, import_kind, cell_label, cell_number, flag, is_student_cell)
@@ -27,6 +28,7 @@ from .tripwires import defined_at, exercises_of, make_tripwire, snapshot
 MAX_MESSAGES = 100          # events reported per run (deduplicated); each message < PIPE_BUF, all < a pipe's 64 KiB
 MAX_READ = 1 << 20
 AUDITED_SET = "course.classroom.module.__setattr__"   # what an audited module raises when an attribute is written
+SIGNAL_HANDLER = "course.classroom.signal.signal"     # what signal.signal raises in a watched grader
 _STARTED, _EVENT, _FINISHED, _MORE = "S", "E", "F", "M"
 _STDLIB = Path(os.__file__).parent
 _MACHINERY = (str(_STDLIB / "importlib"), "<frozen importlib")
@@ -36,6 +38,12 @@ _OS_WRAPPERS = ("<frozen os>", str(_STDLIB / "os.py"), str(_STDLIB / "pathlib.py
                 str(_STDLIB / "glob.py"), str(_STDLIB / "subprocess.py"), str(_STDLIB / "socket.py"),
                 str(_STDLIB / "ctypes"), str(_STDLIB / "unittest" / "mock.py"))
 _DIRECT = ()                                    # the Python frame that made the call decides
+_TRACEBACK = str(_STDLIB / "traceback.py")
+# what hands a frame, a code object or its constants on to its caller: looked past, so that the caller is named
+# (a library that only formats a traceback or a stack, traceback.format_exc, logging, namedtuple, is not)
+_FRAME_GIVERS = (str(_STDLIB / "inspect.py"), str(_STDLIB / "dis.py"), str(_STDLIB / "bdb.py"),
+                 (_TRACEBACK, "walk_stack"), (_TRACEBACK, "walk_tb"),
+                 (str(_STDLIB / "logging" / "__init__.py"), "<lambda>"))   # logging.currentframe
 _PATCHERS = (str(_STDLIB / "unittest" / "mock.py"),)
 _FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "__code__", "gi_code", "cr_code"}
 _FUNCTION_PARTS = {"__code__", "__defaults__", "__kwdefaults__", "__closure__"}
@@ -121,6 +129,7 @@ class AuditWatch:
         global _checkpoint
         _checkpoint = tripwire
         _guard_reference(scratch, student_of, send)
+        _audit_signal_handlers()
         before.update(snapshot())
         for module in list(sys.modules.values()):
             if type(module) is types.ModuleType:
@@ -223,8 +232,10 @@ def checkpoint(where: str, namespace: Optional[dict] = None) -> None:
         _checkpoint(where, namespace)
 
 
-def _in(filename: str, prefixes: tuple) -> bool:
-    return filename.startswith(prefixes)
+def _wraps(code, wrappers: tuple) -> bool:
+    """Whether ``code`` is one of ``wrappers``: a file (or folder) prefix, or a (file, function name) pair."""
+    return any(code.co_filename.startswith(w) if isinstance(w, str) else (code.co_filename, code.co_name) == w
+               for w in wrappers)
 
 
 def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited: dict, scratch: Path,
@@ -261,11 +272,11 @@ def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited:
             return INTERNALS, f"calls {event}()", _DIRECT
         if event in ("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
                      "code.__new__", "function.__new__", "marshal.loads", "marshal.load"):
-            return INTERNALS, f"calls {event}()", (str(_STDLIB / "inspect.py"),)
+            return INTERNALS, f"calls {event}()", _FRAME_GIVERS
         if event.startswith("ctypes."):
             return INTERNALS, f"uses ctypes ({event})", (str(_STDLIB / "ctypes"),)
         if event == "object.__getattr__":
-            return (INTERNALS, f"reads .{args[1]} of a {type(args[0]).__name__}", _DIRECT) \
+            return (INTERNALS, f"reads .{args[1]} of a {type(args[0]).__name__}", _FRAME_GIVERS) \
                 if args[1] in _FRAME_ATTRIBUTES else None
         if event in ("object.__setattr__", "object.__delattr__"):
             target, name = args[0], args[1]
@@ -274,6 +285,9 @@ def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited:
             if isinstance(target, type) and _origin_label(target) is None:
                 return PATCH, f"writes {target.__module__}.{target.__qualname__}.{name}", _PATCHERS
             return None
+        if event == SIGNAL_HANDLER:   # raised in _audited_signal, a frame of this file
+            return INTERNALS, f"installs a handler of signal {args[0]} (it is handed the frame running then)", \
+                (__file__, str(_STDLIB / "signal.py"))
         if event == AUDITED_SET:   # raised in _AuditedModule, a frame of this file
             return PATCH, f"writes {args[0]}.{args[1]}", _PATCHERS + (__file__,)
         if event == "open":
@@ -297,7 +311,7 @@ def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited:
     watched = frozenset({"import", "exec", "compile", "sys._getframe", "sys._current_frames", "sys.settrace",
                          "sys.setprofile", "sys.addaudithook", "code.__new__", "function.__new__", "marshal.loads",
                          "marshal.load", "object.__getattr__", "object.__setattr__", "object.__delattr__",
-                         AUDITED_SET, "open", "os.listdir", "os.scandir"} | _PROCESS_EVENTS | _OUTSIDE_EVENTS)
+                         AUDITED_SET, SIGNAL_HANDLER, "open", "os.listdir", "os.scandir"} | _PROCESS_EVENTS | _OUTSIDE_EVENTS)
     prefixes = ("ctypes.", "gc.get_")
 
     def hook(event: str, args: tuple) -> None:
@@ -309,7 +323,7 @@ def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited:
             if verdict is not None:
                 kind, detail, wrappers = verdict
                 frame = getframe(1)
-                while frame is not None and wrappers and _in(frame.f_code.co_filename, wrappers):
+                while frame is not None and wrappers and _wraps(frame.f_code, wrappers):
                     frame = frame.f_back
                 label = student_of(frame.f_code.co_filename) if frame is not None else None
                 if label is not None:
@@ -325,6 +339,31 @@ def _hook(student_of: Callable[[str], Optional[str]], send: Callable, inherited:
 
 
 ORACLE_ANSWERS = ("train_epoch", "optimizer_update", "traced_update")   # upstream's loop: lesson 14's answer
+
+
+def _audited_signal(signalnum, handler):
+    audit = "audit"   # constants of the sealed copy (``course.sealing``)
+    original = "original"
+    event = "event"
+    audit(event, signalnum)
+    return original(signalnum, handler)
+
+
+def _audit_signal_handlers() -> None:
+    """signal.signal (and the ``_signal.signal`` it calls) raise SIGNAL_HANDLER: a handler is handed the frame that
+    runs when the signal comes, a grader's among them. Sealed: the originals are reached only through __code__."""
+    import _signal
+    import signal
+    for module in (_signal, signal):
+        module.signal = sealed(_audited_signal, "signal", audit=sys.audit, original=module.signal,
+                               event=SIGNAL_HANDLER)
+
+
+def _guarded(*args, **kwargs):
+    function = "function"   # constants of the sealed copy (``course.sealing``)
+    notice = "notice"
+    notice()
+    return function(*args, **kwargs)
 
 
 def _guard_reference(scratch: Path, student_of: Callable[[str], Optional[str]], send: Callable) -> None:
@@ -348,15 +387,16 @@ def _guard_reference(scratch: Path, student_of: Callable[[str], Optional[str]], 
             frame = frame.f_back
         return None
 
+    def notice(label: str, module_file: str) -> None:
+        caller = running_exercise(module_file)
+        if caller is not None:
+            send(_EVENT, NOT_OWN, caller[1], caller[2], f"{caller[0]} runs {label}", "audit", key=label)
+
     def guard(function, label: str, module_file: str):
-        def guarded(*args, **kwargs):
-            caller = running_exercise(module_file)
-            if caller is not None:
-                send(_EVENT, NOT_OWN, caller[1], caller[2], f"{caller[0]} runs {label}", "audit",
-                     key=label)
-            return function(*args, **kwargs)
-        guarded.__name__, guarded.__qualname__, guarded.__doc__ = function.__name__, function.__qualname__, \
-            function.__doc__
+        # sealed: the reference's own function is reached only through __code__ (flagged), not its closure
+        guarded = sealed(_guarded, function.__name__, function=function,
+                         notice=functools.partial(notice, label, module_file))
+        guarded.__qualname__, guarded.__doc__ = function.__qualname__, function.__doc__
         return guarded
 
     oracle = sys.modules.get("course.minimind.train_pretrain")   # the loop lesson 14's checks compare with
