@@ -8,9 +8,9 @@ Executing a notebook is the expensive part, so the instructor's grading round ru
 lesson (``grading_round``): one ``nbgrader autograde`` of all submissions, one ``generate_feedback``,
 one ``export``. The tests read what they assert from that round: the reference submission runs top to
 bottom, draws its figures and scores full points (what ``nbgrader validate`` of the source showed);
-the untouched release scores 0 in every grade cell (what ``validate --invert`` showed); in lesson 14 a
-flawed submission loses exactly the cells of its flaws (every lesson's flawed module is graded by the
-checks, without a notebook). One real ``nbgrader validate`` remains, the student's command
+in lesson 14 the untouched release scores 0 in every grade cell (what ``validate --invert`` showed) and a
+flawed submission loses exactly the cells of its flaws (every lesson's stubs and flawed module are graded by
+the checks, without a notebook). One real ``nbgrader validate`` remains, the student's command
 of the README.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ import pytest
 import warm_kernel
 import warm_python
 from doc_runs import run_documented
+from stub_copies import untouched_impl
 
 from course.checks.assignments import (NOTEBOOKS_DIR, build_source, checks_called, generate_release, holds_work,
                                        nbgrader_invocation, notebook_lessons, release_path, scored_cells, source_path)
@@ -242,7 +243,8 @@ RAISE_CELL = "raise RuntimeError('a student cell that crashes')"
 # 14, whose flaws are of every kind; which cells each lesson's flaws break is graded without a notebook
 # (test_a_flawed_module_loses_exactly_the_cells_its_flaws_break).
 FLAWED = "flawed"
-FLAWED_IN = "14"
+UNTOUCHED = "untouched"
+FLAWED_IN = "14"   # the lesson whose round also executes the flawed and the untouched notebooks
 
 
 def flaws(lesson):
@@ -273,9 +275,11 @@ def submissions(lesson, course_dir: Path, scratch: Path) -> tuple[dict, dict, st
     points = grade_cells(solved)
     # The lesson's notebook_mistake is caught by a hidden check only, so exactly one grade cell fails.
     failing = grade_cell_running(lesson, typical_mistake.caught_by)
-    students = {"reference": answered(release, solved), "untouched": release}
-    expected = {"reference": points, "untouched": {cell: 0 for cell in points}}
+    students = {"reference": answered(release, solved)}
+    expected = {"reference": points}
     if lesson.lesson_id == FLAWED_IN:
+        students[UNTOUCHED] = release
+        expected[UNTOUCHED] = {cell: 0 for cell in points}
         flawed = read(build_source(lesson, scratch / FLAWED,
                                    reference_source=flawed_source(typical_mistake, no_op_test)))
         no_op_cell = grade_cell_running(lesson, no_op_test.caught_by)
@@ -330,7 +334,7 @@ def test_reference_submission_executes_top_to_bottom_and_draws_its_figures(lesso
 
 @pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
 def test_autograde_scores_reference_untouched_and_mistaken_submissions(lesson, grading_round):
-    """Full marks for the reference, zero in every grade cell for the untouched release and, in lesson 14, for
+    """Full marks for the reference and, in lesson 14, zero in every grade cell for the untouched release and for
     the flawed submission exactly the cells its flaws break: the typical mistake's (hidden) cell and that of a
     test that asserts nothing. Each student gets feedback, and grades.csv holds every total."""
     from nbgrader.api import Gradebook
@@ -400,6 +404,20 @@ def test_a_flawed_module_loses_exactly_the_cells_its_flaws_break(lesson):
     assert expected[0].startswith("hidden_") and len(set(expected)) == len(expected), (
         f"the typical mistake should lose a hidden cell, the no-op test another: {expected}")
     assert lost == set(expected), f"grade cells the flaws lose\n  ACTUAL:   {sorted(lost)}\n  EXPECTED: {expected}"
+
+
+@pytest.mark.parametrize("lesson", ASSIGNMENT_NOTEBOOKS, ids=lambda n: n.name)
+def test_the_untouched_stubs_lose_every_scored_cell(lesson, tmp_path):
+    """Every lesson's untouched release without executing its notebook: the stubs, graded by the checks the scored
+    grade cells run, pass none of them, so every scored cell scores 0. The round shows nbgrader scoring the
+    untouched notebook of lesson 14."""
+    stubs = untouched_impl(tmp_path / "impl") / lesson.module_file
+    module = module_from_source(stubs.read_text(encoding="utf-8"), f"untouched_{lesson.lesson_id}",
+                                f"<untouched {lesson.name}>")
+    passed = {r.check for e in grade_exercises(lesson, module) for r in e.checks if r.status == PASS}
+    scoring = {grade_id: names for grade_id, _, names in scored_cells(lesson)}
+    kept = sorted(grade_id for grade_id, names in scoring.items() if set(names) <= passed)
+    assert scoring and not kept, f"scored cells the stubs pass: ACTUAL {kept}, EXPECTED none"
 
 
 def test_grade_class_scores_every_cell_like_autograde(grading_round, tmp_path):
